@@ -1,0 +1,1 @@
+"""Python SDK (filled in by the live-stack work)."""

@@ -1,0 +1,159 @@
+"""``sloserve simulate`` and ``sloserve capacity``: thin shells over ``sloserve.sim``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from sloserve.policies.base import PolicyConfig
+from sloserve.sim.config import SimConfig
+
+POLICIES = ("vllm", "sarathi", "ascendra", "accelgen")
+
+
+def _positive(kind: type) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
+def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
+    if not compare:
+        p.add_argument("--policy", required=True, choices=POLICIES)
+    p.add_argument("--instances", type=_positive(int), default=3 if compare else 1)
+    p.add_argument("--hp-instances", type=int, default=0,
+                   help="Ascendra HP instances among --instances (2L1H: --instances 3 --hp-instances 1)")
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--gpu", default="a100")
+    src = p.add_mutually_exclusive_group(required=not compare)
+    src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code")
+    src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
+    p.add_argument("--num-requests", type=_positive(int), default=1000)
+    p.add_argument("--ttft-slo", type=_positive(float), default=1.0, help="seconds")
+    p.add_argument("--tbt-slo", type=_positive(float), default=0.15, help="seconds")
+    p.add_argument("--slo-mix", choices=("hetero",), default=None,
+                   help="per-request SLOs drawn as AccelGen §3/§6.1 do")
+    p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
+    p.add_argument("--cv", type=_positive(float), default=1.0, help="gamma arrivals' CV")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tp", type=_positive(int), default=1)
+    p.add_argument("--token-budget", type=_positive(int), default=None,
+                   help="default: 512 under a strict TBT SLO (< 0.25 s), else 2048")
+    p.add_argument("--max-num-seqs", type=_positive(int), default=None)
+    p.add_argument("--value-function", choices=("edf", "sjf", "ljf", "fcfs"), default="edf")
+    p.add_argument("--offload-threshold", type=_positive(float), default=None)
+    p.add_argument("--drop-late", action="store_true", help="Ascendra §6.3: drop late requests")
+    p.add_argument("--noise-cv", type=float, default=0.03)
+    p.add_argument("--timing-profile", default=None,
+                   help="ground truth from `sloserve profile --out FILE` samples")
+    p.add_argument("--json", action="store_true")
+
+
+def add_parser(sub: Any) -> None:
+    sim = sub.add_parser("simulate", help="simulate one policy on one workload")
+    _common(sim)
+    sim.add_argument("--qps", type=_positive(float), required=True)
+    cap = sub.add_parser("capacity", help="largest arrival rate meeting a criterion")
+    _common(cap)
+    cap.add_argument("--target", type=_positive(float), default=0.9)
+    cap.add_argument("--criterion", choices=("goodput", "tail", "token"), default="goodput")
+    cap.add_argument("--qps-start", type=_positive(float), default=1.0)
+    cmp = sub.add_parser("compare", help="every policy on the same workload, side by side")
+    _common(cmp, compare=True)
+    cmp.add_argument("--qps", type=_positive(float), default=3.0)
+    cmp.set_defaults(trace="sharegpt", policy="sarathi")
+
+
+def config_from_args(args: argparse.Namespace, qps: float = 1.0) -> SimConfig:
+    cfg = SimConfig(
+        policy=args.policy, model=args.model, gpu=args.gpu, instances=args.instances,
+        hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
+        qps=qps, num_requests=args.num_requests, ttft_slo=args.ttft_slo, tbt_slo=args.tbt_slo,
+        slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, tp=args.tp,
+        token_budget=args.token_budget, noise_cv=args.noise_cv,
+        timing_profile=args.timing_profile, max_num_seqs=args.max_num_seqs,
+    )
+    knobs: dict[str, Any] = {"token_budget": cfg.default_token_budget(),
+                             "value_function": args.value_function, "drop_late": args.drop_late}
+    if args.offload_threshold is not None:
+        knobs["offload_threshold"] = args.offload_threshold
+    cfg.policy_config = PolicyConfig(**knobs)
+    cfg.validate()
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    from sloserve.metrics import format_table
+    from sloserve.sim.capacity import find_capacity
+    from sloserve.sim.simulator import simulate
+    from sloserve.workload.traces import TraceError
+
+    if args.command == "compare":
+        return _compare(args)
+    try:
+        if args.command == "simulate":
+            out = simulate(config_from_args(args, args.qps))
+        else:
+            out = find_capacity(config_from_args(args), args.criterion, args.target,
+                                qps_start=args.qps_start)
+    except TraceError as exc:
+        print(f"sloserve {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(_clean(out), allow_nan=False))
+    elif args.command == "simulate":
+        print(format_table(out))
+    else:
+        print(f"capacity ({out['criterion']} >= target {out['target']}): "
+              f"{out['capacity_qps']} req/s")
+        for p in out["probes"]:
+            print(f"  qps {p['qps']:8.3f}  goodput {p['goodput_share']:.3f}  "
+                  f"tbt_p99 {p['tbt_token_p99']}  sched_delay_p50 {p['sched_delay_p50']}  "
+                  f"{'ok' if p['meets'] else 'miss'}")
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    """Same seed, workload and GPUs for every policy; Ascendra splits them LP/HP."""
+    from sloserve.sim.simulator import simulate
+
+    rows = []
+    for policy in POLICIES:
+        args.policy = policy
+        args.hp_instances = max(1, args.instances // 3) if policy == "ascendra" else 0
+        if policy == "ascendra" and args.instances < 2:
+            continue
+        rows.append(simulate(config_from_args(args, args.qps)))
+    if args.json:
+        print(json.dumps(_clean(rows), allow_nan=False))
+        return 0
+    cols = ("policy", "instances", "goodput_share", "ttft_p50", "ttft_p99", "tbt_token_p99",
+            "mean_tbt_p99", "token_criterion_share", "throughput_tok_s", "preemptions",
+            "sim_wall_s")
+    print(f"{args.num_requests} requests, {args.trace or args.trace_file}, qps {args.qps}, "
+          f"{args.model} on {args.gpu}, TTFT SLO {args.ttft_slo}s, TBT SLO {args.tbt_slo}s")
+    print("  ".join(f"{c:>14}" for c in cols))
+    for r in rows:
+        cells = [r.get(c) for c in cols]
+        print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in cells))
+    return 0
+
+
+def _clean(x: Any) -> Any:
+    """NaN -> null, recursively, so the JSON stays valid."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_clean(v) for v in x]
+    return x

@@ -1,0 +1,88 @@
+"""What a policy returns (``BatchPlan``) and what a perf model sees (``BatchShape``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledItem:
+    """``num_tokens`` new tokens of one request over ``context_len`` cached ones."""
+
+    request_id: str
+    num_tokens: int
+    context_len: int
+    is_prefill: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchShape:
+    """A batch as the performance models see it.
+
+    ``prefills``: (chunk_len, context_len) per prefill chunk, context = tokens
+    already in KV before the chunk. ``decodes``: context length per decode
+    (tokens in KV, excluding the one being decoded).
+    """
+
+    prefills: tuple[tuple[int, int], ...] = ()
+    decodes: tuple[int, ...] = ()
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(c for c, _ in self.prefills)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return len(self.decodes)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.prefills) + len(self.decodes)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.prefills and not self.decodes
+
+
+@dataclass(frozen=True, slots=True)
+class BatchSample:
+    """One executed batch with its measured duration (perf-model training data)."""
+
+    shape: BatchShape
+    duration: float  # seconds
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One iteration's decision for one instance (DESIGN.md, policy interface)."""
+
+    items: list[ScheduledItem] = field(default_factory=list)
+    preempted: list[str] = field(default_factory=list)
+    offloaded: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items if i.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(i.num_tokens for i in self.items if not i.is_prefill)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.items
+
+    def shape(self) -> BatchShape:
+        return BatchShape(
+            prefills=tuple((i.num_tokens, i.context_len) for i in self.items if i.is_prefill),
+            decodes=tuple(i.context_len for i in self.items if not i.is_prefill),
+        )

@@ -1,0 +1,1 @@
+"""Vendored data files (read with ``importlib.resources``); see each folder's README."""

@@ -1,0 +1,1 @@
+"""Vendored Vidur operator profiles (MIT, Microsoft); see README.md here."""

@@ -1,0 +1,1 @@
+"""Vendored request traces (gzip-compressed CSV); sources and licences in README.md."""

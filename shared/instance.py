@@ -1,0 +1,172 @@
+"""One serving instance's state: waiting queue, running set, KV blocks, policy.
+
+nano-vllm's ``Scheduler`` split in two: the policy decides (``Policy.schedule``)
+and this class applies the decision and the iteration's outcome. The simulator
+and the live scheduler service drive this very class.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from sloserve.batch import BatchPlan
+from sloserve.kv import BlockManager
+from sloserve.perf.base import PerfModel
+from sloserve.policies.base import InstanceView, Policy
+from sloserve.request import Request, RequestStatus
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    request_id: str
+    index: int  # 0 = first output token
+    time: float
+    finished: bool
+
+
+class Instance:
+    def __init__(
+        self,
+        instance_id: str,
+        policy: Policy,
+        kv: BlockManager,
+        perf_model: PerfModel,
+        role: str = "lp",
+    ) -> None:
+        self.instance_id = instance_id
+        self.policy = policy
+        self.kv = kv
+        self.perf_model = perf_model
+        self.role = role
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions = 0
+
+    # --- queries ---------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @property
+    def num_waiting_prefills(self) -> int:
+        return len(self.waiting) + sum(1 for r in self.running if r.in_prefill)
+
+    def view(self, now: float) -> InstanceView:
+        return InstanceView(
+            self.instance_id, now, self.waiting, self.running, self.kv, self.perf_model, self.role
+        )
+
+    # --- arrivals and removals ----------------------------------------------
+    def add_request(self, req: Request, now: float) -> None:
+        if req.request_id in self.requests:
+            raise ValueError(f"request_id: {req.request_id!r} already on {self.instance_id}")
+        if self.kv.blocks_for(req.prompt_len + req.output_len) > self.kv.num_blocks:
+            raise ValueError(
+                f"request {req.request_id}: prompt_len+output_len "
+                f"{req.prompt_len + req.output_len} exceeds KV capacity "
+                f"{self.kv.num_blocks * self.kv.block_size} tokens"
+            )
+        req.status = RequestStatus.WAITING
+        if req.origin_instance is None:
+            req.origin_instance = self.instance_id
+        self.requests[req.request_id] = req
+        self.waiting.append(req)
+        self.policy.on_arrival(req, now)
+
+    def _detach(self, req: Request) -> None:
+        self.kv.free(req.request_id)
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        del self.requests[req.request_id]
+
+    def cancel(self, request_id: str, now: float) -> Request | None:
+        req = self.requests.get(request_id)
+        if req is None:
+            return None
+        self._detach(req)
+        req.status = RequestStatus.CANCELLED
+        req.finish_time = now
+        return req
+
+    # --- one iteration ----------------------------------------------------
+    def schedule(self, now: float) -> tuple[BatchPlan, list[Request], list[Request]]:
+        """Ask the policy for a plan and apply it: KV allocated, queues moved.
+
+        Returns the plan and the requests it offloaded and dropped (now
+        detached from this instance; the caller re-routes or reports them).
+        """
+        plan = self.policy.schedule(self.view(now))
+        for rid in plan.preempted:
+            req = self.requests[rid]
+            if req not in self.running:
+                raise ValueError(f"plan: preempted {rid} is not running")
+            self.kv.free(rid)
+            self.running.remove(req)
+            req.num_computed = 0
+            req.num_preemptions += 1
+            req.status = RequestStatus.WAITING
+            self.num_preemptions += 1
+        # preempted requests go back to the front, earliest first (vLLM recompute)
+        for rid in reversed(plan.preempted):
+            self.waiting.appendleft(self.requests[rid])
+        offloaded = self._take(plan.offloaded, RequestStatus.OFFLOADED, now)
+        dropped = self._take(plan.dropped, RequestStatus.DROPPED, now)
+        admitted: list[Request] = []
+        for item in plan.items:
+            req = self.requests[item.request_id]
+            if item.num_tokens > req.num_uncomputed or item.context_len != req.num_computed:
+                raise ValueError(f"plan: item {item} inconsistent with request state")
+            self.kv.allocate(req.request_id, req.num_computed + item.num_tokens)
+            if req.status is RequestStatus.WAITING:
+                admitted.append(req)
+                req.status = RequestStatus.RUNNING
+            if req.first_scheduled_time is None:
+                req.first_scheduled_time = now
+        if admitted:
+            ids = {r.request_id for r in admitted}
+            self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+            self.running.extend(admitted)
+        return plan, offloaded, dropped
+
+    def _take(self, ids: Iterable[str], status: RequestStatus, now: float) -> list[Request]:
+        out = []
+        for rid in ids:
+            req = self.requests[rid]
+            self._detach(req)
+            req.status = status
+            if status is RequestStatus.DROPPED:
+                req.finish_time = now
+            out.append(req)
+        return out
+
+    def complete(
+        self, plan: BatchPlan, end_time: float, stopped: Iterable[str] = ()
+    ) -> list[TokenEvent]:
+        """Apply an executed plan: advance progress, emit tokens, finish requests.
+
+        ``stopped`` names requests the executor ended early (EOS, stop string).
+        """
+        stop = set(stopped)
+        events: list[TokenEvent] = []
+        for item in plan.items:
+            req = self.requests.get(item.request_id)
+            if req is None:  # cancelled while the batch ran
+                continue
+            req.num_computed += item.num_tokens
+            if req.num_computed < req.num_tokens:
+                continue
+            req.num_generated += 1
+            req.token_times.append(end_time)
+            done = req.num_generated >= req.output_len or req.request_id in stop
+            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done))
+            if done:
+                self._detach(req)
+                req.status = RequestStatus.FINISHED
+                req.finish_time = end_time
+        self.policy.on_batch_end(self.view(end_time), plan)
+        return events

@@ -1,0 +1,67 @@
+"""Paged KV block manager (vLLM's PagedAttention bookkeeping, no tensors).
+
+A request holding ``c`` computed tokens owns ``ceil(c / block_size)`` blocks.
+Allocation happens per prefill chunk and per decode token; blocks are freed on
+finish or preemption. It never hands out more blocks than it has.
+"""
+
+from __future__ import annotations
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self._free: list[int] = list(range(num_blocks - 1, -1, -1))
+        self._tables: dict[str, list[int]] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - len(self._free)
+
+    @property
+    def utilization(self) -> float:
+        return self.num_used_blocks / self.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ()))
+
+    def blocks_needed(self, request_id: str, total_tokens: int) -> int:
+        """Extra blocks needed for ``request_id`` to hold ``total_tokens`` tokens."""
+        return max(0, self.blocks_for(total_tokens) - self.num_blocks_of(request_id))
+
+    def can_allocate(self, request_id: str, total_tokens: int) -> bool:
+        return self.blocks_needed(request_id, total_tokens) <= len(self._free)
+
+    def allocate(self, request_id: str, total_tokens: int) -> list[int]:
+        """Grow ``request_id``'s table to hold ``total_tokens``; returns new block ids."""
+        need = self.blocks_needed(request_id, total_tokens)
+        if need > len(self._free):
+            raise MemoryError(
+                f"kv: request {request_id} needs {need} blocks, only {len(self._free)} free"
+            )
+        new = [self._free.pop() for _ in range(need)]
+        self._tables.setdefault(request_id, []).extend(new)
+        return new
+
+    def free(self, request_id: str) -> int:
+        blocks = self._tables.pop(request_id, [])
+        self._free.extend(reversed(blocks))
+        return len(blocks)
+
+    def block_table(self, request_id: str) -> list[int]:
+        return list(self._tables.get(request_id, ()))
+
+    def holders(self) -> list[str]:
+        return list(self._tables)

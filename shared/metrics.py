@@ -1,0 +1,210 @@
+"""Serving metrics and capacity criteria, exactly as DESIGN.md "Measurements" defines them.
+
+Times are seconds. Every percentile or share whose population is empty is
+``None`` (JSON ``null``), never NaN, so a summary is always valid JSON.
+
+* TTFT = first token time − arrival (requests that produced a token).
+* TBT gaps = consecutive output-token gaps. ``tbt_p50/p90/p99`` pool all gaps
+  of all requests (``tbt_token_p99`` is the same pooled P99 under its contract
+  name); ``mean_tbt_p*`` are percentiles of each request's mean TBT.
+* Goodput: a request is good if it FINISHED and meets every target it has —
+  TTFT ≤ ``slo.ttft``, mean TBT ≤ ``slo.tbt`` (a 1-token request passes),
+  and, for AccelGen's offline requests, JCT ≤ ``slo.jct``. Dropped, cancelled,
+  offloaded-away and unfinished requests are misses. ``goodput_share`` = good /
+  all; ``goodput_rps`` = good / duration.
+* ``token_slo_attainment``: produced gaps within their request's TBT SLO.
+* ``token_criterion_share`` (AccelGen's iteration-SLO attainment): every output
+  token judged — the first against TTFT, each later one's gap against TBT —
+  and every token a non-finished request did not produce (up to its
+  ``output_len``) counted as a miss; targets a request lacks are skipped.
+* duration = last finish − first arrival unless the caller passes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+
+import numpy as np
+
+from sloserve.request import Request, RequestStatus
+
+Summary = dict[str, float | int | None]
+
+CRITERIA = ("goodput", "tail", "token")
+TAIL_SCHED_DELAY = 2.0  # seconds: Sarathi-Serve §5.1, median scheduling delay bound
+
+
+def _pct(values: np.ndarray, *qs: float) -> list[float | None]:
+    if values.size == 0:
+        return [None] * len(qs)
+    return [float(v) for v in np.percentile(values, qs)]
+
+
+def _share(hits: float, total: float) -> float | None:
+    return float(hits) / total if total > 0 else None
+
+
+def _slo_array(requests: Sequence[Request], kind: str) -> np.ndarray:
+    return np.array(
+        [np.nan if (v := getattr(r.slo, kind)) is None else v for r in requests], dtype=np.float64
+    )
+
+
+def summarize(
+    requests: Sequence[Request],
+    *,
+    duration: float | None = None,
+    kv_utilization: float | None = None,
+    preemptions: int | None = None,
+    iterations: int | None = None,
+) -> Summary:
+    """All DESIGN.md measurements for one run (numpy over concatenated token times)."""
+    n = len(requests)
+    counts = np.fromiter((len(r.token_times) for r in requests), dtype=np.int64, count=n)
+    total = int(counts.sum())
+    flat = np.fromiter(chain.from_iterable(r.token_times for r in requests), np.float64, total)
+    arrival = np.fromiter((r.arrival_time for r in requests), np.float64, count=n)
+    finished = np.fromiter((r.status is RequestStatus.FINISHED for r in requests), bool, count=n)
+    dropped = int(sum(r.status is RequestStatus.DROPPED for r in requests))
+    output_len = np.fromiter((r.output_len for r in requests), np.int64, count=n)
+    ttft_slo, tbt_slo, jct_slo = (_slo_array(requests, k) for k in ("ttft", "tbt", "jct"))
+
+    starts = np.cumsum(counts) - counts
+    has_tok = counts > 0
+    ttft = np.full(n, np.nan)
+    ttft[has_tok] = flat[starts[has_tok]] - arrival[has_tok]
+    multi = counts > 1
+    mean_tbt = np.full(n, np.nan)
+    last = flat[starts[multi] + counts[multi] - 1]
+    mean_tbt[multi] = (last - flat[starts[multi]]) / (counts[multi] - 1)
+
+    owner = np.repeat(np.arange(n), counts)  # request index of each token
+    same = owner[1:] == owner[:-1]
+    gaps = np.diff(flat)[same]
+    gap_owner = owner[1:][same]
+
+    finish = np.array(
+        [
+            r.finish_time if r.finish_time is not None else (r.token_times[-1] if r.token_times else np.nan)
+            for r in requests
+        ],
+        dtype=np.float64,
+    )
+    jct = np.where(finished, finish - arrival, np.nan)
+
+    with np.errstate(invalid="ignore"):
+        ttft_ok = np.isnan(ttft_slo) | (ttft <= ttft_slo)
+        tbt_ok = np.isnan(tbt_slo) | ~multi | (mean_tbt <= tbt_slo)
+        jct_ok = np.isnan(jct_slo) | (jct <= jct_slo)
+    good = int(np.count_nonzero(finished & ttft_ok & tbt_ok & jct_ok))
+
+    if duration is None and finished.any():
+        duration = float(np.nanmax(finish[finished]) - arrival.min())
+    rate_ok = duration is not None and duration > 0
+
+    # token-level attainment
+    gap_slo = tbt_slo[gap_owner]
+    judged = ~np.isnan(gap_slo)
+    gaps_on_time = int(np.count_nonzero(gaps[judged] <= gap_slo[judged]))
+    expected = np.where(finished, counts, np.maximum(output_len, counts))
+    has_ttft, has_tbt = ~np.isnan(ttft_slo), ~np.isnan(tbt_slo)
+    with np.errstate(invalid="ignore"):
+        first_on_time = int(np.count_nonzero(has_ttft & has_tok & (ttft <= ttft_slo)))
+    criterion_total = int(np.count_nonzero(has_ttft & (expected > 0))) + int(
+        np.maximum(expected - 1, 0)[has_tbt].sum()
+    )
+
+    sched = np.array(
+        [r.first_scheduled_time - r.arrival_time for r in requests if r.first_scheduled_time is not None],
+        dtype=np.float64,
+    )
+    has_jct = ~np.isnan(jct_slo)
+    with np.errstate(invalid="ignore"):
+        jct_hits = int(np.count_nonzero(has_jct & finished & (jct <= jct_slo)))
+
+    ttft_p = _pct(ttft[has_tok], 50, 90, 99)
+    tbt_p = _pct(gaps, 50, 90, 99)
+    mean_tbt_p = _pct(mean_tbt[multi], 50, 90, 99)
+    sched_p = _pct(sched, 50, 99)
+    jct_p = _pct(jct[finished], 50, 99)
+    return {
+        "requests": n,
+        "completed": int(finished.sum()),
+        "dropped": dropped,
+        "unfinished": n - int(finished.sum()) - dropped,
+        "good": good,
+        "goodput_share": _share(good, n),
+        "goodput_rps": good / duration if rate_ok else None,  # type: ignore[operator]
+        "duration": duration,
+        "ttft_mean": float(ttft[has_tok].mean()) if has_tok.any() else None,
+        "ttft_p50": ttft_p[0],
+        "ttft_p90": ttft_p[1],
+        "ttft_p99": ttft_p[2],
+        "tbt_mean": float(gaps.mean()) if gaps.size else None,
+        "tbt_p50": tbt_p[0],
+        "tbt_p90": tbt_p[1],
+        "tbt_p99": tbt_p[2],
+        "tbt_token_p99": tbt_p[2],
+        "mean_tbt_p50": mean_tbt_p[0],
+        "mean_tbt_p90": mean_tbt_p[1],
+        "mean_tbt_p99": mean_tbt_p[2],
+        "sched_delay_p50": sched_p[0],
+        "sched_delay_p99": sched_p[1],
+        "jct_p50": jct_p[0],
+        "jct_p99": jct_p[1],
+        "token_slo_attainment": _share(gaps_on_time, int(judged.sum())),
+        "token_criterion_share": _share(first_on_time + gaps_on_time, criterion_total),
+        "jct_slo_attainment": _share(jct_hits, int(has_jct.sum())),
+        "output_tokens": total,
+        "throughput_tok_s": total / duration if rate_ok else None,  # type: ignore[operator]
+        "preemptions": preemptions if preemptions is not None else sum(r.num_preemptions for r in requests),
+        "iterations": iterations,
+        "kv_utilization": kv_utilization,
+    }
+
+
+def meets(summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float | None = None) -> bool:
+    """Whether a run meets a capacity criterion (DESIGN.md "Capacity").
+
+    ``goodput``: goodput_share ≥ target. ``token``: token_criterion_share ≥
+    target. ``tail`` (Sarathi-Serve §5.1): pooled P99 TBT ≤ ``tbt_slo`` and
+    median scheduling delay ≤ 2 s (``target`` unused; no gaps at all passes
+    the P99 part, no scheduled request fails the delay part).
+    """
+    if criterion == "goodput":
+        share = summary["goodput_share"]
+        return share is not None and share >= target
+    if criterion == "token":
+        share = summary["token_criterion_share"]
+        return share is not None and share >= target
+    if criterion == "tail":
+        if tbt_slo is None:
+            raise ValueError("tbt_slo (--tbt-slo): required by the 'tail' criterion")
+        p99, delay = summary["tbt_token_p99"], summary["sched_delay_p50"]
+        return (p99 is None or p99 <= tbt_slo) and delay is not None and delay <= TAIL_SCHED_DELAY
+    raise ValueError(f"criterion (--criterion): must be one of {', '.join(CRITERIA)}, got {criterion!r}")
+
+
+_SHARES = ("goodput_share", "token_slo_attainment", "token_criterion_share", "jct_slo_attainment", "kv_utilization")
+
+
+def format_table(summary: Summary) -> str:
+    """Human-readable two-column table: times in ms, shares in %, rates as is."""
+    rows: list[tuple[str, str]] = []
+    for key, value in summary.items():
+        if value is None:
+            text = "-"
+        elif key in _SHARES:
+            text = f"{100 * value:.1f} %"
+        elif key.startswith(("ttft", "tbt", "mean_tbt", "sched_delay")):
+            text = f"{1000 * value:.1f} ms"
+        elif key == "duration" or key.startswith("jct_p"):
+            text = f"{value:.2f} s"
+        elif isinstance(value, float):
+            text = f"{value:.2f}" + (" tok/s" if key == "throughput_tok_s" else " req/s" if key.endswith("rps") else "")
+        else:
+            text = str(value)
+        rows.append((key, text))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v:>14}" for k, v in rows)

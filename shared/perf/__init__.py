@@ -1,0 +1,1 @@
+"""Performance models: shapes, hardware, analytic cost, regression, rooflines, ground truth."""

@@ -1,0 +1,1 @@
+"""BestServe planner (papers/bestserve.txt): Estimator, fast simulators, Optimizer."""

@@ -1,0 +1,123 @@
+"""Requests, SLOs and their lifecycle (nano-vllm's ``Sequence``, with SLOs).
+
+Token accounting follows vLLM: a request holds ``num_tokens = prompt_len +
+num_generated`` tokens of which ``num_computed`` have KV in cache. A chunk of
+``n`` tokens advances ``num_computed``; when it reaches ``num_tokens`` one new
+token is sampled. A decode is the case ``num_uncomputed == 1``. Preemption by
+recompute resets ``num_computed`` to 0 (generated tokens are recomputed too).
+
+Priority polarity: **higher ``priority`` = more urgent**.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum, auto
+
+
+class RequestStatus(Enum):
+    WAITING = auto()  # queued on an instance, holds no KV
+    RUNNING = auto()  # holds KV blocks: prefilling (maybe chunked) or decoding
+    FINISHED = auto()
+    DROPPED = auto()  # rejected under overload (Ascendra §6.3); counts as an SLO miss
+    OFFLOADED = auto()  # handed to another instance; terminal on the instance that offloaded
+    CANCELLED = auto()
+
+
+TERMINAL = frozenset(
+    {RequestStatus.FINISHED, RequestStatus.DROPPED, RequestStatus.CANCELLED}
+)
+
+
+@dataclass(slots=True)
+class SLO:
+    """Per-request targets in seconds; ``None`` means no target of that kind."""
+
+    ttft: float | None = None
+    tbt: float | None = None
+    jct: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft", "tbt", "jct"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name}_slo: must be > 0 seconds, got {value!r}")
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    request_id: str
+    arrival_time: float
+    prompt_len: int
+    output_len: int  # max new tokens; the sim backend generates exactly this many
+    slo: SLO = field(default_factory=SLO)
+    priority: int = 0  # higher = more urgent
+    status: RequestStatus = RequestStatus.WAITING
+    num_computed: int = 0
+    num_generated: int = 0
+    first_scheduled_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_offloads: int = 0
+    origin_instance: str | None = None  # the instance that first received it
+
+    def __post_init__(self) -> None:
+        if self.prompt_len < 1:
+            raise ValueError(f"prompt_len: must be >= 1, got {self.prompt_len}")
+        if self.output_len < 1:
+            raise ValueError(f"output_len (max_tokens): must be >= 1, got {self.output_len}")
+
+    # --- progress -------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt_len + self.num_generated
+
+    @property
+    def num_uncomputed(self) -> int:
+        return self.num_tokens - self.num_computed
+
+    @property
+    def in_prefill(self) -> bool:
+        """True until the (re)computed prompt has produced its next token."""
+        return self.num_generated == 0 or self.num_uncomputed > 1
+
+    @property
+    def is_decode(self) -> bool:
+        return not self.in_prefill
+
+    @property
+    def prefill_started(self) -> bool:
+        return self.num_computed > 0
+
+    @property
+    def remaining_output(self) -> int:
+        return self.output_len - self.num_generated
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in TERMINAL
+
+    # --- SLO bookkeeping ---------------------------------------------------
+    @property
+    def ttft_deadline(self) -> float | None:
+        return None if self.slo.ttft is None else self.arrival_time + self.slo.ttft
+
+    @property
+    def first_token_time(self) -> float | None:
+        return self.token_times[0] if self.token_times else None
+
+    @property
+    def ttft(self) -> float | None:
+        t = self.first_token_time
+        return None if t is None else t - self.arrival_time
+
+    @property
+    def tbt_gaps(self) -> list[float]:
+        tt = self.token_times
+        return [b - a for a, b in zip(tt, tt[1:])]
+
+    @property
+    def mean_tbt(self) -> float | None:
+        tt = self.token_times
+        return None if len(tt) < 2 else (tt[-1] - tt[0]) / (len(tt) - 1)

@@ -1,0 +1,1 @@
+"""Discrete-event simulator: the live stack's policy objects, driven in virtual time."""

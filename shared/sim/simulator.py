@@ -1,0 +1,208 @@
+"""Per-iteration discrete-event simulator (DESIGN.md: one implementation, two drivers).
+
+Each instance is a ``sloserve.instance.Instance`` with its policy; the
+``Router`` places arrivals and offloads exactly as the gateway does. Every
+batch's duration comes from a ground-truth ``TimingSource`` (real GPU
+profiles); the policies only ever see an ``AscendraRegression`` warm-started
+from a profiling sweep of *measured* samples and refitted online from every
+executed batch, as the live perf-model service does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from sloserve.batch import BatchPlan, BatchSample
+from sloserve.instance import Instance
+from sloserve.kv import BlockManager
+from sloserve.perf.base import TimingSource
+from sloserve.perf.hardware import get_hardware
+from sloserve.perf.models import ModelShape, get_model
+from sloserve.perf.regression import AscendraRegression
+from sloserve.perf.sweep import profile_sweep
+from sloserve.policies import make_policy
+from sloserve.policies.base import PolicyConfig
+from sloserve.request import Request
+from sloserve.router import Router
+from sloserve.sim.config import SimConfig
+from sloserve.sim.events import EventKind, EventQueue
+from sloserve.workload.generate import Workload, make_requests
+from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
+
+
+def build_timing(cfg: SimConfig) -> TimingSource:
+    if cfg.timing is not None:
+        return cfg.timing
+    if cfg.timing_profile is not None:
+        from sloserve.perf.measured import MeasuredTiming
+
+        return MeasuredTiming.from_file(cfg.timing_profile, seed=cfg.seed, noise_cv=cfg.noise_cv)
+    from sloserve.perf.ground_truth import ProfileTiming
+
+    return ProfileTiming(cfg.model, cfg.gpu, seed=cfg.seed, noise_cv=cfg.noise_cv, tp=cfg.tp)
+
+
+def build_workload(cfg: SimConfig, model: ModelShape) -> Workload:
+    if cfg.fixed_lengths is not None:
+        p, o = cfg.fixed_lengths
+        lengths = [TraceRequest(p, o, None)]
+    elif cfg.trace_file is not None:
+        lengths = load_trace_file(cfg.trace_file)
+    else:
+        assert cfg.trace is not None
+        lengths = load_trace(cfg.trace)
+    return make_requests(
+        lengths,
+        num_requests=cfg.num_requests,
+        qps=cfg.qps,
+        arrival=cfg.arrival,
+        cv=cfg.cv,
+        seed=cfg.seed,
+        ttft_slo=cfg.ttft_slo,
+        tbt_slo=cfg.tbt_slo,
+        slo_mix=cfg.slo_mix,
+        max_context=model.max_context,
+    )
+
+
+def policy_config(cfg: SimConfig, role: str) -> PolicyConfig:
+    base = cfg.policy_config or PolicyConfig(token_budget=cfg.default_token_budget())
+    if cfg.max_num_seqs is not None:
+        return dataclasses.replace(base, max_num_seqs=cfg.max_num_seqs)
+    if cfg.policy == "ascendra" and role == "lp":
+        return dataclasses.replace(base, max_num_seqs=128)  # Ascendra §6.2: LP batch size 128
+    return base
+
+
+def policy_name(cfg: SimConfig, role: str) -> str:
+    return f"ascendra-{role}" if cfg.policy == "ascendra" else cfg.policy
+
+
+class Simulation:
+    """One run: instances, router, shared online perf model, event queue."""
+
+    def __init__(self, cfg: SimConfig) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.model = get_model(cfg.model)
+        self.timing = build_timing(cfg)
+        hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
+        self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp)
+        self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
+        num_blocks = cfg.num_blocks or self._kv_blocks(hw)
+        n_lp = cfg.instances - cfg.hp_instances
+        roles = ["lp"] * n_lp + ["hp"] * cfg.hp_instances
+        self.instances = [
+            Instance(
+                f"{role}{i}",
+                make_policy(policy_name(cfg, role), policy_config(cfg, role)),
+                BlockManager(num_blocks, cfg.block_size),
+                self.perf_model,
+                role=role,
+            )
+            for i, role in enumerate(roles)
+        ]
+        self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
+        self.router = Router(
+            [i.instance_id for i in self.instances if i.role == "lp"],
+            [i.instance_id for i in self.instances if i.role == "hp"],
+        )
+        self.workload = build_workload(cfg, self.model)
+        self.events = EventQueue()
+        self.in_flight: list[BatchPlan | None] = [None] * len(self.instances)
+        self.batch_start = [0.0] * len(self.instances)
+        self.samples: list[BatchSample] = []
+        self.num_iterations = 0
+        self.num_offloads = 0
+        self.kv_util_sum = 0.0
+
+    def _kv_blocks(self, hw: Any) -> int:
+        from sloserve.perf.memory import kv_capacity_blocks
+
+        return kv_capacity_blocks(self.model, hw, self.cfg.block_size, tp=self.cfg.tp)
+
+    # --- driving ----------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        wall0 = time.perf_counter()
+        reqs = self.workload.requests
+        for k, req in enumerate(reqs):
+            self.events.push(req.arrival_time, EventKind.ARRIVAL, k)
+        now = 0.0
+        while self.events:
+            ev = self.events.pop()
+            now = ev.time
+            if ev.kind is EventKind.ARRIVAL:
+                req = reqs[ev.target]
+                dst = self.index[self.router.route(req, now)]
+                self.instances[dst].add_request(req, now)
+                self._kick(dst, now)
+            else:
+                self._finish_batch(ev.target, now)
+        return self._summary(now, time.perf_counter() - wall0)
+
+    def _kick(self, k: int, now: float) -> None:
+        """Start the next iteration on instance ``k`` if it is idle and has work."""
+        inst = self.instances[k]
+        if self.in_flight[k] is not None or not inst.has_work:
+            return
+        plan, offloaded, _dropped = inst.schedule(now)
+        for req in offloaded:
+            req.num_offloads += 1
+            self.num_offloads += 1
+            dst = self.index[self.router.route_offload(req, now)]
+            self.instances[dst].add_request(req, now)
+            self._kick(dst, now)
+        if plan.is_empty:
+            self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+            return
+        self.in_flight[k] = plan
+        self.batch_start[k] = now
+        self.events.push(now + self.timing.batch_time(plan.shape()), EventKind.BATCH_END, k)
+
+    def _finish_batch(self, k: int, now: float) -> None:
+        inst = self.instances[k]
+        plan = self.in_flight[k]
+        assert plan is not None
+        self.in_flight[k] = None
+        sample = BatchSample(plan.shape(), now - self.batch_start[k])
+        self.perf_model.observe(sample)
+        if self.cfg.record_samples:
+            self.samples.append(sample)
+        self.num_iterations += 1
+        self.kv_util_sum += inst.kv.utilization
+        inst.complete(plan, now)
+        self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+        self._kick(k, now)
+
+    def _summary(self, end: float, wall: float) -> dict[str, Any]:
+        from sloserve.metrics import summarize
+
+        reqs: list[Request] = self.workload.requests
+        out = summarize(
+            reqs,
+            kv_utilization=self.kv_util_sum / max(1, self.num_iterations),
+            preemptions=sum(i.num_preemptions for i in self.instances),
+        )
+        out.update(
+            policy=self.cfg.policy,
+            instances=self.cfg.instances,
+            hp_instances=self.cfg.hp_instances,
+            model=self.cfg.model,
+            gpu=self.cfg.gpu if self.cfg.timing_profile is None else "cpu-profile",
+            qps=self.cfg.qps,
+            seed=self.cfg.seed,
+            token_budget=self.instances[0].policy.config.token_budget,
+            too_long=self.workload.num_too_long,
+            iterations=self.num_iterations,
+            offloads=self.num_offloads,
+            sim_time_s=end,
+            sim_wall_s=round(wall, 3),
+        )
+        return out
+
+
+def simulate(cfg: SimConfig) -> dict[str, Any]:
+    """Run one simulation and return the metrics JSON object (DESIGN.md definitions)."""
+    return Simulation(cfg).run()

@@ -1,0 +1,1 @@
+"""Workloads: request-length traces, arrival processes and SLO mixes (``make_requests``)."""

@@ -1,0 +1,130 @@
+"""Turn a length trace into timed requests with SLOs (``make_requests``).
+
+Sampling: ``num_requests`` rows are drawn at random from the trace, without
+replacement when the trace is long enough and with replacement otherwise; with
+``arrival="trace"`` the first ``num_requests`` rows are taken in order, with
+their own timestamps. Lengths, arrivals and SLOs use three independent RNG
+streams spawned from ``seed``, so changing the SLO mix leaves lengths and
+arrivals unchanged. Requests longer than ``max_context`` are removed and
+counted; ids keep their position in the generated sequence (``r000042``), so a
+request has the same id whatever the context limit.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sloserve.request import SLO, Request
+from sloserve.workload.arrivals import gamma_arrivals, poisson_arrivals, trace_arrivals
+from sloserve.workload.slo_mix import SLO_MIXES, BatchTime, hetero_slos, uniform_slos
+from sloserve.workload.traces import TraceRequest
+
+ARRIVALS = ("poisson", "gamma", "trace")
+
+
+@dataclass(slots=True)
+class Workload:
+    requests: list[Request]
+    num_too_long: int = 0  # removed: prompt_len + output_len > max_context
+    info: dict[str, object] = field(default_factory=dict)
+
+
+def make_requests(
+    lengths: Sequence[TraceRequest],
+    *,
+    num_requests: int,
+    qps: float | None,
+    arrival: str = "poisson",
+    cv: float = 1.0,
+    seed: int = 0,
+    ttft_slo: float | None = None,
+    tbt_slo: float | None = None,
+    jct_slo: float | None = None,
+    slo_mix: str | None = None,
+    jct_share: float = 0.0,
+    batch_time: BatchTime | None = None,
+    max_context: int | None = None,
+) -> Workload:
+    """A deterministic workload for ``seed``.
+
+    ``slo_mix``: ``None`` means ``uniform`` when any of ``ttft_slo``/``tbt_slo``/
+    ``jct_slo`` is given and ``none`` otherwise. ``hetero`` is AccelGen's mix
+    (see :mod:`sloserve.workload.slo_mix`; ``batch_time`` supplies the
+    prompt-group latencies, ``jct_share`` the share of offline JCT requests).
+    """
+    if not lengths:
+        raise ValueError("trace (--trace): has no requests")
+    if num_requests < 1:
+        raise ValueError(f"num_requests (--num-requests): must be >= 1, got {num_requests}")
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival (--arrival): must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+    if qps is not None and not (math.isfinite(qps) and qps > 0):
+        raise ValueError(f"qps (--qps): must be a positive number of requests/s, got {qps!r}")
+    if qps is None and arrival != "trace":
+        raise ValueError(f"qps (--qps): required for --arrival {arrival}")
+    if max_context is not None and max_context < 2:
+        raise ValueError(f"max_context (--max-context): must be >= 2 tokens, got {max_context}")
+    mix = slo_mix or ("uniform" if (ttft_slo, tbt_slo, jct_slo) != (None,) * 3 else "none")
+    if mix not in SLO_MIXES:
+        raise ValueError(f"slo_mix (--slo-mix): must be one of {', '.join(SLO_MIXES)}, got {mix!r}")
+    if mix == "none" and (ttft_slo, tbt_slo, jct_slo) != (None,) * 3:
+        raise ValueError("slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO")
+
+    len_rng, arr_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    if arrival == "trace":
+        if num_requests > len(lengths):
+            raise ValueError(
+                f"num_requests (--num-requests): --arrival trace needs consecutive rows, "
+                f"but the trace has only {len(lengths)}"
+            )
+        rows = list(lengths[:num_requests])
+        if any(r.arrival is None for r in rows):
+            raise ValueError("arrival (--arrival): 'trace' needs a trace with arrival times")
+        times = trace_arrivals([r.arrival for r in rows], qps)  # type: ignore[misc]
+    else:
+        idx = len_rng.choice(len(lengths), size=num_requests, replace=num_requests > len(lengths))
+        rows = [lengths[i] for i in idx]
+        assert qps is not None
+        if arrival == "poisson":
+            times = poisson_arrivals(num_requests, qps, arr_rng)
+        else:
+            times = gamma_arrivals(num_requests, qps, cv, arr_rng)
+
+    prompts = [r.prompt_len for r in rows]
+    outputs = [r.output_len for r in rows]
+    slos: list[SLO]
+    if mix == "hetero":
+        if jct_slo is not None:
+            raise ValueError("jct_slo (--jct-slo): not used by --slo-mix hetero (use jct_share)")
+        slos = hetero_slos(
+            prompts, outputs, slo_rng, batch_time=batch_time, ttft_slo=ttft_slo,
+            tbt_slo=tbt_slo, jct_share=jct_share,
+        )
+    else:
+        slos = uniform_slos(num_requests, ttft_slo=ttft_slo, tbt_slo=tbt_slo, jct_slo=jct_slo)
+
+    requests = [
+        Request(f"r{i:06d}", float(times[i]), prompts[i], outputs[i], slo=slos[i])
+        for i in range(num_requests)
+        if max_context is None or prompts[i] + outputs[i] <= max_context
+    ]
+    span = float(times[-1] - times[0])
+    info: dict[str, object] = {
+        "num_requests": len(requests),
+        "num_too_long": num_requests - len(requests),
+        "arrival": arrival,
+        "qps": qps,
+        "cv": cv if arrival == "gamma" else None,
+        "offered_qps": (num_requests - 1) / span if span > 0 else None,
+        "span_s": span,
+        "seed": seed,
+        "slo_mix": mix,
+        "mean_prompt_len": float(np.mean(prompts)),
+        "mean_output_len": float(np.mean(outputs)),
+        "sampled_with_replacement": arrival != "trace" and num_requests > len(lengths),
+    }
+    return Workload(requests, num_requests - len(requests), info)
