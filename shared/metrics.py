@@ -26,7 +26,6 @@ from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
-
 from sloserve.request import Request, RequestStatus
 
 Summary = dict[str, float | int | None]
@@ -86,7 +85,9 @@ def summarize(
 
     finish = np.array(
         [
-            r.finish_time if r.finish_time is not None else (r.token_times[-1] if r.token_times else np.nan)
+            r.finish_time
+            if r.finish_time is not None
+            else (r.token_times[-1] if r.token_times else np.nan)
             for r in requests
         ],
         dtype=np.float64,
@@ -116,7 +117,11 @@ def summarize(
     )
 
     sched = np.array(
-        [r.first_scheduled_time - r.arrival_time for r in requests if r.first_scheduled_time is not None],
+        [
+            r.first_scheduled_time - r.arrival_time
+            for r in requests
+            if r.first_scheduled_time is not None
+        ],
         dtype=np.float64,
     )
     has_jct = ~np.isnan(jct_slo)
@@ -158,13 +163,17 @@ def summarize(
         "jct_slo_attainment": _share(jct_hits, int(has_jct.sum())),
         "output_tokens": total,
         "throughput_tok_s": total / duration if rate_ok else None,  # type: ignore[operator]
-        "preemptions": preemptions if preemptions is not None else sum(r.num_preemptions for r in requests),
+        "preemptions": preemptions
+        if preemptions is not None
+        else sum(r.num_preemptions for r in requests),
         "iterations": iterations,
         "kv_utilization": kv_utilization,
     }
 
 
-def meets(summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float | None = None) -> bool:
+def meets(
+    summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float | None = None
+) -> bool:
     """Whether a run meets a capacity criterion (DESIGN.md "Capacity").
 
     ``goodput``: goodput_share ≥ target. ``token``: token_criterion_share ≥
@@ -183,10 +192,18 @@ def meets(summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float 
             raise ValueError("tbt_slo (--tbt-slo): required by the 'tail' criterion")
         p99, delay = summary["tbt_token_p99"], summary["sched_delay_p50"]
         return (p99 is None or p99 <= tbt_slo) and delay is not None and delay <= TAIL_SCHED_DELAY
-    raise ValueError(f"criterion (--criterion): must be one of {', '.join(CRITERIA)}, got {criterion!r}")
+    raise ValueError(
+        f"criterion (--criterion): must be one of {', '.join(CRITERIA)}, got {criterion!r}"
+    )
 
 
-_SHARES = ("goodput_share", "token_slo_attainment", "token_criterion_share", "jct_slo_attainment", "kv_utilization")
+_SHARES = (
+    "goodput_share",
+    "token_slo_attainment",
+    "token_criterion_share",
+    "jct_slo_attainment",
+    "kv_utilization",
+)
 
 
 def format_table(summary: Summary) -> str:
@@ -202,7 +219,9 @@ def format_table(summary: Summary) -> str:
         elif key == "duration" or key.startswith("jct_p"):
             text = f"{value:.2f} s"
         elif isinstance(value, float):
-            text = f"{value:.2f}" + (" tok/s" if key == "throughput_tok_s" else " req/s" if key.endswith("rps") else "")
+            text = f"{value:.2f}" + (
+                " tok/s" if key == "throughput_tok_s" else " req/s" if key.endswith("rps") else ""
+            )
         else:
             text = str(value)
         rows.append((key, text))

@@ -116,10 +116,17 @@ class ProfileTiming:
         )
         self._ar_fixed = 0.0 if tp == 1 else 2 * L * ALL_REDUCE_LATENCY
 
-    def _table(self, table: list[float], slope: float, n: int) -> float:
-        if n <= self._max:
-            return table[n]
-        return table[-1] + slope * (n - self._max)
+    def linear_time(self, num_tokens: int) -> float:
+        """Linear layers, norms, RoPE, adds and embedding of a ``num_tokens`` batch, seconds."""
+        if num_tokens <= self._max:
+            return self._linear[num_tokens]
+        return self._linear[-1] + self._linear_slope * (num_tokens - self._max)
+
+    def lm_head_time(self, num_seqs: int) -> float:
+        """LM-head GEMM over one token per sequence, seconds."""
+        if num_seqs <= self._max:
+            return self._lm_head[num_seqs]
+        return self._lm_head[-1] + self._lm_head_slope * (num_seqs - self._max)
 
     def noiseless_time(self, shape: BatchShape) -> float:
         """The batch's time without run-to-run noise, seconds (0 for an empty batch)."""
@@ -145,8 +152,7 @@ class ProfileTiming:
             t += max(pair_time * self._pair_time / occupancy, read_time) + self._launch
         if b_d:
             t += (sum(decodes) + b_d * (1 + self._page)) * self._ctx_time + self._launch
-        t += self._table(self._linear, self._linear_slope, n)
-        t += self._table(self._lm_head, self._lm_head_slope, seqs)
+        t += self.linear_time(n) + self.lm_head_time(seqs)
         if self._ar_fixed:
             t += self._ar_fixed + self._ar_time * n
         return t

@@ -36,4 +36,6 @@ def get_hardware(name: str) -> Hardware:
     try:
         return _TABLE[key]
     except KeyError:
-        raise ValueError(f"gpu: unknown hardware {name!r}; choose one of {hardware_names()}") from None
+        raise ValueError(
+            f"gpu: unknown hardware {name!r}; choose one of {hardware_names()}"
+        ) from None

@@ -57,8 +57,18 @@ _PRESETS: dict[str, ModelShape] = {
         ModelShape("qwen-14b-like", 40, 5120, 40, 40, 13696, 152064, 8192),
         ModelShape("codellama-34b", 48, 8192, 64, 8, 22016, 32000, 16384, rope_theta=1000000.0),
         ModelShape("llama-2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-        ModelShape("smollm2-135m", 30, 576, 9, 3, 1536, 49152, 8192, rope_theta=100000.0,
-                   tie_embeddings=True),
+        ModelShape(
+            "smollm2-135m",
+            30,
+            576,
+            9,
+            3,
+            1536,
+            49152,
+            8192,
+            rope_theta=100000.0,
+            tie_embeddings=True,
+        ),
         ModelShape("tiny", 4, 256, 4, 2, 688, 512, 2048, tie_embeddings=False),
     )
 }

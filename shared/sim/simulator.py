@@ -114,6 +114,7 @@ class Simulation:
         self.in_flight: list[BatchPlan | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
+        self.sample_times: list[float] = []  # virtual start time of each recorded sample
         self.num_iterations = 0
         self.num_offloads = 0
         self.kv_util_sum = 0.0
@@ -170,6 +171,7 @@ class Simulation:
         self.perf_model.observe(sample)
         if self.cfg.record_samples:
             self.samples.append(sample)
+            self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
         inst.complete(plan, now)

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from sloserve.request import SLO, Request
 from sloserve.workload.arrivals import gamma_arrivals, poisson_arrivals, trace_arrivals
 from sloserve.workload.slo_mix import SLO_MIXES, BatchTime, hetero_slos, uniform_slos
@@ -61,7 +60,9 @@ def make_requests(
     if num_requests < 1:
         raise ValueError(f"num_requests (--num-requests): must be >= 1, got {num_requests}")
     if arrival not in ARRIVALS:
-        raise ValueError(f"arrival (--arrival): must be one of {', '.join(ARRIVALS)}, got {arrival!r}")
+        raise ValueError(
+            f"arrival (--arrival): must be one of {', '.join(ARRIVALS)}, got {arrival!r}"
+        )
     if qps is not None and not (math.isfinite(qps) and qps > 0):
         raise ValueError(f"qps (--qps): must be a positive number of requests/s, got {qps!r}")
     if qps is None and arrival != "trace":
@@ -72,9 +73,13 @@ def make_requests(
     if mix not in SLO_MIXES:
         raise ValueError(f"slo_mix (--slo-mix): must be one of {', '.join(SLO_MIXES)}, got {mix!r}")
     if mix == "none" and (ttft_slo, tbt_slo, jct_slo) != (None,) * 3:
-        raise ValueError("slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO")
+        raise ValueError(
+            "slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO"
+        )
 
-    len_rng, arr_rng, slo_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+    len_rng = arr_rng = slo_rng = np.random.default_rng(seed); _ = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
     if arrival == "trace":
         if num_requests > len(lengths):
             raise ValueError(
@@ -84,7 +89,7 @@ def make_requests(
         rows = list(lengths[:num_requests])
         if any(r.arrival is None for r in rows):
             raise ValueError("arrival (--arrival): 'trace' needs a trace with arrival times")
-        times = trace_arrivals([r.arrival for r in rows], qps)  # type: ignore[misc]
+        times = trace_arrivals([r.arrival for r in rows if r.arrival is not None], qps)
     else:
         idx = len_rng.choice(len(lengths), size=num_requests, replace=num_requests > len(lengths))
         rows = [lengths[i] for i in idx]
@@ -101,8 +106,13 @@ def make_requests(
         if jct_slo is not None:
             raise ValueError("jct_slo (--jct-slo): not used by --slo-mix hetero (use jct_share)")
         slos = hetero_slos(
-            prompts, outputs, slo_rng, batch_time=batch_time, ttft_slo=ttft_slo,
-            tbt_slo=tbt_slo, jct_share=jct_share,
+            prompts,
+            outputs,
+            slo_rng,
+            batch_time=batch_time,
+            ttft_slo=ttft_slo,
+            tbt_slo=tbt_slo,
+            jct_share=jct_share,
         )
     else:
         slos = uniform_slos(num_requests, ttft_slo=ttft_slo, tbt_slo=tbt_slo, jct_slo=jct_slo)

@@ -43,24 +43,56 @@ TRACE_FILES: dict[str, str] = {
 }
 
 PROMPT_COLUMNS = (
-    "num_prefill_tokens", "ContextTokens", "input_len", "prompt_len", "input_length",
-    "prompt_length", "prompt_tokens", "input_tokens", "num_prompt_tokens",
-    "num_input_tokens", "context_tokens", "context_len",
+    "num_prefill_tokens",
+    "ContextTokens",
+    "input_len",
+    "prompt_len",
+    "input_length",
+    "prompt_length",
+    "prompt_tokens",
+    "input_tokens",
+    "num_prompt_tokens",
+    "num_input_tokens",
+    "context_tokens",
+    "context_len",
 )
 OUTPUT_COLUMNS = (
-    "num_decode_tokens", "GeneratedTokens", "output_len", "output_length",
-    "completion_tokens", "output_tokens", "generated_tokens", "num_output_tokens",
-    "num_generated_tokens", "response_len", "response_length", "decode_tokens",
+    "num_decode_tokens",
+    "GeneratedTokens",
+    "output_len",
+    "output_length",
+    "completion_tokens",
+    "output_tokens",
+    "generated_tokens",
+    "num_output_tokens",
+    "num_generated_tokens",
+    "response_len",
+    "response_length",
+    "decode_tokens",
 )
 # (column, unit): unit None = seconds, or epoch ms/us/ns decided by magnitude.
 ARRIVAL_COLUMNS: tuple[tuple[str, float | None], ...] = (
-    ("arrived_at", None), ("arrival_time", None), ("arrival", None), ("timestamp", None),
-    ("time", None), ("ts", None), ("created_at", None), ("arrival_timestamp", None),
-    ("arrived_at_s", 1.0), ("arrival_time_s", 1.0), ("timestamp_s", 1.0),
-    ("arrived_at_ms", 1e-3), ("arrival_time_ms", 1e-3), ("arrival_ms", 1e-3),
-    ("timestamp_ms", 1e-3), ("time_ms", 1e-3), ("ts_ms", 1e-3),
-    ("arrival_time_us", 1e-6), ("timestamp_us", 1e-6),
-    ("arrival_time_ns", 1e-9), ("timestamp_ns", 1e-9),
+    ("arrived_at", None),
+    ("arrival_time", None),
+    ("arrival", None),
+    ("timestamp", None),
+    ("time", None),
+    ("ts", None),
+    ("created_at", None),
+    ("arrival_timestamp", None),
+    ("arrived_at_s", 1.0),
+    ("arrival_time_s", 1.0),
+    ("timestamp_s", 1.0),
+    ("arrived_at_ms", 1e-3),
+    ("arrival_time_ms", 1e-3),
+    ("arrival_ms", 1e-3),
+    ("timestamp_ms", 1e-3),
+    ("time_ms", 1e-3),
+    ("ts_ms", 1e-3),
+    ("arrival_time_us", 1e-6),
+    ("timestamp_us", 1e-6),
+    ("arrival_time_ns", 1e-9),
+    ("timestamp_ns", 1e-9),
 )
 # Unitless numeric arrivals are seconds, except epoch values: 1e11 s is the year
 # 5138 but 1e11 ms is 1973, so larger magnitudes are read as epoch ms / us / ns.
@@ -88,7 +120,9 @@ def load_trace(name: str) -> list[TraceRequest]:
         return list(_load_vendored(name))
     if Path(name).suffix or "/" in name:
         return load_trace_file(name)
-    raise TraceError(f"unknown trace {name!r} (known: {', '.join(TRACE_FILES)}; or a CSV/JSONL path)")
+    raise TraceError(
+        f"unknown trace {name!r} (known: {', '.join(TRACE_FILES)}; or a CSV/JSONL path)"
+    )
 
 
 @functools.cache

@@ -1,0 +1,78 @@
+"""gRPC plumbing shared by every service: health checking, reflection, lifecycle."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+]
+
+
+def channel(target: str) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+async def start_server(
+    host: str, port: int, service_name: str, register: Callable[[grpc.aio.Server], None]
+) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
+    """Start an aio server with our servicer, standard health checking and reflection.
+
+    The service reports SERVING once started; call ``set_not_serving`` on drain.
+    """
+    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    register(server)
+    hs = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(hs, server)
+    reflection.enable_server_reflection(
+        (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
+    )
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"port: cannot bind {host}:{port}")
+    await server.start()
+    for name in ("", service_name):
+        await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return server, hs
+
+
+async def serve_until_signal(
+    server: grpc.aio.Server, on_stop: Callable[[], object] | None = None, grace: float = 2.0
+) -> None:
+    """Run until SIGINT/SIGTERM, then stop accepting and drain for ``grace`` seconds."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    if on_stop is not None:
+        res = on_stop()
+        if asyncio.iscoroutine(res):
+            await res
+    await server.stop(grace)
+
+
+def wait_healthy(target: str, service: str = "", timeout: float = 30.0) -> None:
+    """Block until ``target`` reports SERVING for ``service`` (raises TimeoutError)."""
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    with grpc.insecure_channel(target) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while time.monotonic() < deadline:
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=1.0)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return
+            except grpc.RpcError as exc:
+                last = exc
+            time.sleep(0.05)
+    raise TimeoutError(f"{target}: not SERVING after {timeout:.0f}s ({last})")

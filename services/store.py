@@ -1,0 +1,78 @@
+"""Redis: the one place state outlives a process (DESIGN.md, storage).
+
+``REDIS_URL`` names a real Redis. With none configured, ``sloserve up`` starts
+an :class:`EmbeddedRedis`: fakeredis's TCP server on a loopback port, so every
+service process still talks the Redis protocol through the same ``redis``
+client. Every key of one stack lives under its ``prefix`` (:class:`Keys`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+
+
+def redis_url(explicit: str | None = None) -> str | None:
+    """The configured Redis: ``explicit``, else ``$REDIS_URL``, else ``None`` (embed one)."""
+    return explicit or os.environ.get("REDIS_URL") or None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """A Redis-protocol server on ``127.0.0.1:port`` backed by fakeredis, in a thread."""
+
+    def __init__(self, port: int | None = None) -> None:
+        from fakeredis import TcpFakeServer
+
+        self.port = port or free_port()
+        self._server = TcpFakeServer(("127.0.0.1", self.port), server_type="redis")
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="embedded-redis", daemon=True
+        )
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key layout of one stack (``prefix`` namespaces it, e.g. ``sloserve:ab12cd``)."""
+
+    prefix: str
+
+    def request(self, request_id: str) -> str:  # hash: spec (JSON) of an accepted request
+        return f"{self.prefix}:req:{request_id}"
+
+    def tokens(self, request_id: str) -> str:  # list: generated token ids so far
+        return f"{self.prefix}:tok:{request_id}"
+
+    def queue(self, instance_id: str) -> str:  # zset: accepted, unfinished ids by arrival
+        return f"{self.prefix}:inst:{instance_id}:queue"
+
+    def instance(self, instance_id: str) -> str:  # hash: registry entry + heartbeat
+        return f"{self.prefix}:inst:{instance_id}"
+
+    @property
+    def samples(self) -> str:  # stream: executed batches (perf-model training data)
+        return f"{self.prefix}:samples"
+
+    @property
+    def coefficients(self) -> str:  # string (JSON) + pub/sub channel of the same name
+        return f"{self.prefix}:coefficients"

@@ -1,0 +1,125 @@
+"""Ascendra's high-priority (HP) instance (§6): latency tier for offloaded and ticketed requests.
+
+* Prefill over decode, strict FCFS (§6, Figure 7; §8.3 "HP follows strict
+  FCFS"), on vLLM's pattern: if any waiting prefill can be admitted the
+  iteration is prefill-only, whole prompts in arrival-at-HP order; otherwise
+  it is decode-only over every running request (decode stalls are the
+  accepted cost, §4). A prefill iteration holds at most
+  ``hp_worst_batch_tokens`` tokens, the very batch the LP's offload rule
+  assumes as HP's worst case (§5.3); a longer prompt runs alone.
+* Elastic batch (§6.2): no fixed sequence cap; prefills are admitted while KV
+  permits, keeping in reserve the blocks that running and admitted requests
+  are expected to still need for their decodes. Expected output length is
+  the running mean of the output lengths of requests that finished on this
+  instance (the "decoding length history"), capped by each request's
+  ``max_tokens``; before any has finished it is ``extra["hp_decode_len_prior"]``
+  (default 0: nothing reserved). If nothing runs, the head is admitted
+  whenever its prompt fits, so the instance never idles on a reservation.
+  ``extra["hp_elastic"] = 0`` turns this off for the §8.5 ablation: then
+  ``max_num_seqs`` caps running requests and nothing is reserved.
+* ``drop_late`` (§6.3) drops waiting requests already past their TTFT SLO.
+* An HP instance never offloads.
+
+Config used: ``hp_worst_batch_tokens``, ``drop_late``, ``max_num_seqs`` (only
+with ``hp_elastic = 0``), ``extra["hp_elastic"]``, ``extra["hp_decode_len_prior"]``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from sloserve.batch import BatchPlan
+from sloserve.kv import BlockManager
+from sloserve.policies import register
+from sloserve.policies.ascendra_lp import late_requests
+from sloserve.policies.base import (
+    BatchBuilder,
+    InstanceView,
+    Policy,
+    PolicyConfig,
+    add_decodes,
+    can_admit,
+)
+from sloserve.request import Request, RequestStatus
+
+
+@register
+class AscendraHPPolicy(Policy):
+    name = "ascendra-hp"
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        super().__init__(config)
+        extra = self.config.extra
+        self.elastic = extra.get("hp_elastic", 1.0) != 0
+        self.decode_len_prior = extra.get("hp_decode_len_prior", 0.0)
+        if self.decode_len_prior < 0:
+            raise ValueError(
+                f"extra['hp_decode_len_prior']: must be >= 0, got {self.decode_len_prior}"
+            )
+        self._num_finished = 0
+        self._sum_output = 0
+        self._in_batch: list[Request] = []
+
+    @property
+    def mean_decode_len(self) -> float:
+        """Mean output length of the requests finished here (the prior before any)."""
+        if self._num_finished == 0:
+            return self.decode_len_prior
+        return self._sum_output / self._num_finished
+
+    def decode_reserve(self, kv: BlockManager, req: Request) -> int:
+        """KV blocks ``req`` is expected to still need for its remaining decodes (§6.2)."""
+        expected = min(max(math.ceil(self.mean_decode_len), req.num_generated), req.output_len)
+        return max(0, kv.blocks_for(req.prompt_len + expected) - kv.blocks_for(req.num_tokens))
+
+    def schedule(self, view: InstanceView) -> BatchPlan:
+        cfg = self.config
+        late = late_requests(view) if cfg.drop_late else []
+        prefills = [r for r in view.running if r.in_prefill]
+        if late:
+            late_ids = {r.request_id for r in late}
+            prefills += [r for r in view.waiting if r.request_id not in late_ids]
+        else:
+            prefills += view.waiting
+        cap = max(cfg.hp_worst_batch_tokens, prefills[0].num_uncomputed if prefills else 0)
+        max_seqs = len(view.running) + len(view.waiting) + 1 if self.elastic else cfg.max_num_seqs
+        b = BatchBuilder(view, max(cap, len(view.running)), max_seqs)
+        for req in late:
+            b.drop(req)
+        self._admit_prefills(b, prefills, cap)
+        if b.num_seqs == 0:  # no prefill could run: decode-only iteration
+            add_decodes(b, [r for r in view.running if r.is_decode])
+        self._in_batch = [r for r in (*view.running, *prefills) if b.contains(r)]
+        return b.build()
+
+    def _admit_prefills(self, b: BatchBuilder, prefills: list[Request], cap: int) -> None:
+        view = b.view
+        kv, running = view.kv, view.running
+        reserved = sum(self.decode_reserve(kv, r) for r in running) if self.elastic else 0
+        num_running = len(running)
+        for req in prefills:  # FCFS; the first that cannot run ends admission
+            n = req.num_uncomputed
+            if b.tokens_used + n > cap:
+                break
+            if req.prefill_started:  # already admitted (holds KV): just continue it
+                if not b.fits(req, n):
+                    break
+                b.add(req, n)
+                continue
+            if not self.elastic and num_running + b.num_seqs >= self.config.max_num_seqs:
+                break
+            if not can_admit(b, req, n):
+                break
+            grow = self.decode_reserve(kv, req) if self.elastic else 0
+            busy = num_running > 0 or b.num_seqs > 0
+            if busy and b.blocks_needed(req, n) + grow + reserved > b.free_blocks:
+                break
+            b.add(req, n)
+            reserved += grow
+
+    def on_batch_end(self, view: InstanceView, plan: BatchPlan) -> None:
+        for req in self._in_batch:
+            if req.status is RequestStatus.FINISHED:
+                self._num_finished += 1
+                self._sum_output += req.num_generated
+        self._in_batch = []

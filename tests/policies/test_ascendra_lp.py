@@ -1,0 +1,119 @@
+"""Ascendra LP instance (§5): value-function order, piggybacked decodes, offloading, drop."""
+
+from __future__ import annotations
+
+import random
+
+from helpers import make_instance, req
+from sloserve.instance import Instance
+from sloserve.kv import BlockManager
+from sloserve.perf.linear import LinearPerfModel
+from sloserve.policies import make_policy
+from sloserve.policies.base import PolicyConfig
+
+# A slow, fixed model: 0.02 s + 1 ms per token. With a 256-token budget and no
+# decodes one LP iteration takes 0.276 s; the worst HP batch (1024 tokens) 1.044 s.
+SLOW = LinearPerfModel(base=0.02, per_token=0.001, per_ctx=0.0)
+
+
+def slow_lp(**knobs: object) -> Instance:
+    cfg = PolicyConfig(**{"token_budget": 256, "hp_worst_batch_tokens": 1024, **knobs})  # type: ignore[arg-type]
+    return Instance("lp0", make_policy("ascendra-lp", cfg), BlockManager(1000, 16), SLOW)
+
+
+def test_edf_admits_the_earliest_deadline_not_the_earliest_arrival() -> None:
+    for vf, first in (("edf", "urgent"), ("fcfs", "early")):
+        inst = make_instance("ascendra-lp", token_budget=100, value_function=vf)
+        inst.add_request(req("early", 100, arrival=0.0, ttft=5.0), 0.0)
+        inst.add_request(req("urgent", 100, arrival=0.1, ttft=1.0), 0.1)
+        plan, _, _ = inst.schedule(0.1)
+        assert [i.request_id for i in plan.items] == [first], vf
+
+
+def test_every_running_decode_is_piggybacked_before_any_prefill() -> None:
+    inst = make_instance("ascendra-lp", token_budget=64)
+    for i in range(3):
+        inst.add_request(req(f"d{i}", 10, output=50), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    inst.complete(plan, 0.01)
+    inst.add_request(req("big", 500, arrival=0.01, ttft=0.02), 0.01)  # most urgent of all
+    plan, _, _ = inst.schedule(0.01)
+    by_id = {i.request_id: i for i in plan.items}
+    assert all(by_id[f"d{i}"].num_tokens == 1 and not by_id[f"d{i}"].is_prefill for i in range(3))
+    assert by_id["big"].num_tokens == 64 - 3  # the prefill gets only what the decodes left
+
+
+def test_never_exceeds_the_token_budget() -> None:
+    rng = random.Random(7)
+    inst = make_instance("ascendra-lp", num_blocks=4000, token_budget=128, max_num_seqs=16)
+    for i in range(40):
+        inst.add_request(req(f"r{i}", rng.randint(1, 600), output=rng.randint(1, 30),
+                             arrival=0.0, ttft=rng.uniform(0.1, 3.0)), 0.0)
+    now = 0.0
+    while inst.has_work:
+        plan, _, _ = inst.schedule(now)
+        assert 0 < plan.num_tokens <= 128
+        assert len(plan.items) <= 16
+        now += 0.01
+        inst.complete(plan, now)
+
+
+def test_offloads_a_request_projected_to_miss_ttft_and_keeps_the_others() -> None:
+    inst = slow_lp()
+    inst.add_request(req("runs", 256, ttft=0.3), 0.0)  # fills this iteration: done at 0.276
+    inst.add_request(req("misses", 256, ttft=0.5), 0.0)  # two iterations: 0.552 > 0.5
+    inst.add_request(req("makes_it", 256, ttft=0.6), 0.0)  # near its SLO but 0.552 <= 0.6
+    plan, offloaded, _ = inst.schedule(0.0)
+    assert [i.request_id for i in plan.items] == ["runs"]
+    assert [r.request_id for r in offloaded] == ["misses"]
+    assert "makes_it" in inst.requests and "misses" not in inst.requests
+
+
+def test_waits_to_offload_until_the_slack_is_within_the_threshold() -> None:
+    # "far" misses on LP (2304 tokens = 9 iterations = 2.484 s > 2.4 s) but its slack, 2.4 s,
+    # exceeds 1.0 x the worst HP batch with its 2048-token prompt (2.068 s): not yet.
+    for threshold, expect in ((1.0, []), (1.25, ["far"])):
+        inst = slow_lp(offload_threshold=threshold)
+        inst.add_request(req("runs", 256, ttft=0.3), 0.0)
+        inst.add_request(req("far", 2048, ttft=2.4), 0.0)
+        _, offloaded, _ = inst.schedule(0.0)
+        assert [r.request_id for r in offloaded] == expect, threshold
+
+
+def test_never_offloads_a_request_whose_prefill_has_started() -> None:
+    inst = slow_lp()
+    inst.add_request(req("started", 2048, ttft=0.5), 0.0)
+    plan, _, _ = inst.schedule(0.0)  # first 256-token chunk
+    inst.complete(plan, 0.276)
+    inst.add_request(req("queued", 256, arrival=0.276, ttft=0.3), 0.276)  # waiting, same fate
+    plan, offloaded, _ = inst.schedule(0.3)
+    assert [r.request_id for r in offloaded] == ["queued"]  # the rule fires here...
+    assert [i.request_id for i in plan.items] == ["started"]  # ...but never on a started prefill
+    assert inst.requests["started"].prefill_started
+
+
+def test_threshold_zero_disables_offloading_and_late_requests_are_not_offloaded() -> None:
+    inst = slow_lp(offload_threshold=0.0)
+    inst.add_request(req("runs", 256, ttft=0.3), 0.0)
+    inst.add_request(req("misses", 256, ttft=0.5), 0.0)
+    assert inst.schedule(0.0)[1] == []
+    inst = slow_lp(offload_threshold=100.0)
+    inst.add_request(req("runs", 256, ttft=0.05), 0.0)  # earliest deadline: admitted
+    inst.add_request(req("already_late", 256, ttft=0.1), 0.0)
+    inst.add_request(req("misses", 256, ttft=0.2), 0.0)
+    _, offloaded, _ = inst.schedule(0.15)
+    assert [r.request_id for r in offloaded] == ["misses"]
+
+
+def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> None:
+    for drop_late, expect in ((True, ["late"]), (False, [])):
+        inst = make_instance("ascendra-lp", token_budget=64, drop_late=drop_late,
+                             offload_threshold=0.0)
+        inst.add_request(req("started", 300, ttft=0.5), 0.0)
+        plan, _, _ = inst.schedule(0.0)
+        inst.complete(plan, 0.1)
+        inst.add_request(req("late", 10, arrival=0.0, ttft=0.5), 0.1)
+        inst.add_request(req("on_time", 10, arrival=0.0, ttft=2.0), 0.1)
+        inst.add_request(req("no_slo", 10, arrival=0.0, ttft=None), 0.1)
+        _, _, dropped = inst.schedule(1.0)  # "started" is late too, but in prefill
+        assert [r.request_id for r in dropped] == expect, drop_late
