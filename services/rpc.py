@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -46,19 +46,23 @@ async def start_server(
 
 
 async def serve_until_signal(
-    server: grpc.aio.Server, on_stop: Callable[[], object] | None = None, grace: float = 2.0
+    server: grpc.aio.Server, tasks: Iterable[asyncio.Task[None]] = (), grace: float = 2.0
 ) -> None:
-    """Run until SIGINT/SIGTERM, then stop accepting and drain for ``grace`` seconds."""
+    """Run until SIGINT/SIGTERM or until one of ``tasks`` ends (its error is re-raised),
+    then stop accepting and drain for ``grace`` seconds."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    if on_stop is not None:
-        res = on_stop()
-        if asyncio.iscoroutine(res):
-            await res
+    waiter = asyncio.create_task(stop.wait())
+    watched = set(tasks)
+    done, _ = await asyncio.wait({waiter, *watched}, return_when=asyncio.FIRST_COMPLETED)
+    for t in watched | {waiter}:
+        t.cancel()
     await server.stop(grace)
+    for t in done & watched:
+        if not t.cancelled() and t.exception() is not None:
+            raise t.exception()  # type: ignore[misc]
 
 
 def wait_healthy(target: str, service: str = "", timeout: float = 30.0) -> None:

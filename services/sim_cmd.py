@@ -38,8 +38,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code")
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
     p.add_argument("--num-requests", type=_positive(int), default=1000)
-    p.add_argument("--ttft-slo", type=_positive(float), default=1.0, help="seconds")
-    p.add_argument("--tbt-slo", type=_positive(float), default=0.15, help="seconds")
+    p.add_argument("--ttft-slo", type=_positive(float), default=None,
+                   help="seconds (default 1.0; with --slo-mix hetero: scales group latency)")
+    p.add_argument("--tbt-slo", type=_positive(float), default=None,
+                   help="seconds (default 0.15; with --slo-mix hetero: 0.1875)")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,
                    help="per-request SLOs drawn as AccelGen §3/§6.1 do")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
@@ -74,10 +76,13 @@ def add_parser(sub: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace, qps: float = 1.0) -> SimConfig:
+    hetero = args.slo_mix == "hetero"
+    ttft = args.ttft_slo if args.ttft_slo is not None else (None if hetero else 1.0)
+    tbt = args.tbt_slo if args.tbt_slo is not None else (0.1875 if hetero else 0.15)
     cfg = SimConfig(
         policy=args.policy, model=args.model, gpu=args.gpu, instances=args.instances,
         hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
-        qps=qps, num_requests=args.num_requests, ttft_slo=args.ttft_slo, tbt_slo=args.tbt_slo,
+        qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, tp=args.tp,
         token_budget=args.token_budget, noise_cv=args.noise_cv,
         timing_profile=args.timing_profile, max_num_seqs=args.max_num_seqs,

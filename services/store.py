@@ -57,11 +57,11 @@ class Keys:
 
     prefix: str
 
-    def request(self, request_id: str) -> str:  # hash: spec (JSON) of an accepted request
-        return f"{self.prefix}:req:{request_id}"
+    def request(self, instance_id: str, request_id: str) -> str:  # RequestSpec (protobuf)
+        return f"{self.prefix}:inst:{instance_id}:req:{request_id}"
 
-    def tokens(self, request_id: str) -> str:  # list: generated token ids so far
-        return f"{self.prefix}:tok:{request_id}"
+    def tokens(self, instance_id: str, request_id: str) -> str:  # list: generated token ids
+        return f"{self.prefix}:inst:{instance_id}:tok:{request_id}"
 
     def queue(self, instance_id: str) -> str:  # zset: accepted, unfinished ids by arrival
         return f"{self.prefix}:inst:{instance_id}:queue"

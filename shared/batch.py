@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledItem:
-    """``num_tokens`` new tokens of one request over ``context_len`` cached ones."""
+class ScheduledItem(NamedTuple):
+    """``num_tokens`` new tokens of one request over ``context_len`` cached ones.
+
+    A NamedTuple: immutable and cheap to build, as one is made per request per iteration.
+    """
 
     request_id: str
     num_tokens: int
@@ -82,7 +85,10 @@ class BatchPlan:
         return not self.items
 
     def shape(self) -> BatchShape:
-        return BatchShape(
-            prefills=tuple((i.num_tokens, i.context_len) for i in self.items if i.is_prefill),
-            decodes=tuple(i.context_len for i in self.items if not i.is_prefill),
-        )
+        prefills, decodes = [], []
+        for i in self.items:
+            if i.is_prefill:
+                prefills.append((i.num_tokens, i.context_len))
+            else:
+                decodes.append(i.context_len)
+        return BatchShape(tuple(prefills), tuple(decodes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sloserve.batch import BatchPlan
 from sloserve.kv import BlockManager
@@ -18,8 +18,7 @@ from sloserve.policies.base import InstanceView, Policy
 from sloserve.request import Request, RequestStatus
 
 
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
+class TokenEvent(NamedTuple):
     request_id: str
     index: int  # 0 = first output token
     time: float
@@ -52,7 +51,8 @@ class Instance:
 
     @property
     def num_waiting_prefills(self) -> int:
-        return len(self.waiting) + sum(1 for r in self.running if r.in_prefill)
+        """Requests whose first token is still to come (queued or mid-prefill)."""
+        return len(self.waiting) + sum(1 for r in self.running if not r.token_times)
 
     def view(self, now: float) -> InstanceView:
         return InstanceView(
@@ -117,11 +117,15 @@ class Instance:
         offloaded = self._take(plan.offloaded, RequestStatus.OFFLOADED, now)
         dropped = self._take(plan.dropped, RequestStatus.DROPPED, now)
         admitted: list[Request] = []
+        requests, kv, bs = self.requests, self.kv, self.kv.block_size
         for item in plan.items:
-            req = self.requests[item.request_id]
-            if item.num_tokens > req.num_uncomputed or item.context_len != req.num_computed:
+            req = requests[item.request_id]
+            c, n = req.num_computed, item.num_tokens
+            if item.context_len != c or n > req.prompt_len + req.num_generated - c:
                 raise ValueError(f"plan: item {item} inconsistent with request state")
-            self.kv.allocate(req.request_id, req.num_computed + item.num_tokens)
+            # a request holds ceil(c / bs) blocks: it needs more only past a block boundary
+            if c % bs == 0 or c % bs + n > bs:
+                kv.allocate(req.request_id, c + n)
             if req.status is RequestStatus.WAITING:
                 admitted.append(req)
                 req.status = RequestStatus.RUNNING
@@ -153,12 +157,13 @@ class Instance:
         """
         stop = set(stopped)
         events: list[TokenEvent] = []
+        requests = self.requests
         for item in plan.items:
-            req = self.requests.get(item.request_id)
+            req = requests.get(item.request_id)
             if req is None:  # cancelled while the batch ran
                 continue
             req.num_computed += item.num_tokens
-            if req.num_computed < req.num_tokens:
+            if req.num_computed < req.prompt_len + req.num_generated:
                 continue
             req.num_generated += 1
             req.token_times.append(end_time)

@@ -39,7 +39,9 @@ class BlockManager:
 
     def blocks_needed(self, request_id: str, total_tokens: int) -> int:
         """Extra blocks needed for ``request_id`` to hold ``total_tokens`` tokens."""
-        return max(0, self.blocks_for(total_tokens) - self.num_blocks_of(request_id))
+        table = self._tables.get(request_id)
+        need = -(-total_tokens // self.block_size) - (len(table) if table else 0)
+        return need if need > 0 else 0
 
     def can_allocate(self, request_id: str, total_tokens: int) -> bool:
         return self.blocks_needed(request_id, total_tokens) <= len(self._free)
@@ -51,6 +53,8 @@ class BlockManager:
             raise MemoryError(
                 f"kv: request {request_id} needs {need} blocks, only {len(self._free)} free"
             )
+        if not need:
+            return []
         new = [self._free.pop() for _ in range(need)]
         self._tables.setdefault(request_id, []).extend(new)
         return new

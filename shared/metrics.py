@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from itertools import chain
 
 import numpy as np
+
 from sloserve.request import Request, RequestStatus
 
 Summary = dict[str, float | int | None]
@@ -171,6 +172,16 @@ def summarize(
     }
 
 
+def check_criterion(criterion: str, tbt_slo: float | None = None) -> None:
+    """Raise ``ValueError`` unless ``criterion`` is known and has what it needs."""
+    if criterion not in CRITERIA:
+        raise ValueError(
+            f"criterion (--criterion): must be one of {', '.join(CRITERIA)}, got {criterion!r}"
+        )
+    if criterion == "tail" and tbt_slo is None:
+        raise ValueError("tbt_slo (--tbt-slo): required by the 'tail' criterion")
+
+
 def meets(
     summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float | None = None
 ) -> bool:
@@ -181,20 +192,13 @@ def meets(
     median scheduling delay ≤ 2 s (``target`` unused; no gaps at all passes
     the P99 part, no scheduled request fails the delay part).
     """
-    if criterion == "goodput":
-        share = summary["goodput_share"]
-        return share is not None and share >= target
-    if criterion == "token":
-        share = summary["token_criterion_share"]
-        return share is not None and share >= target
+    check_criterion(criterion, tbt_slo)
     if criterion == "tail":
-        if tbt_slo is None:
-            raise ValueError("tbt_slo (--tbt-slo): required by the 'tail' criterion")
         p99, delay = summary["tbt_token_p99"], summary["sched_delay_p50"]
+        assert tbt_slo is not None
         return (p99 is None or p99 <= tbt_slo) and delay is not None and delay <= TAIL_SCHED_DELAY
-    raise ValueError(
-        f"criterion (--criterion): must be one of {', '.join(CRITERIA)}, got {criterion!r}"
-    )
+    share = summary["goodput_share" if criterion == "goodput" else "token_criterion_share"]
+    return share is not None and share >= target
 
 
 _SHARES = (

@@ -34,7 +34,9 @@ from sloserve.request import Request
 
 
 class Router:
-    def __init__(self, lp: Sequence[str], hp: Sequence[str] = (), ticket_entry: bool = True) -> None:
+    def __init__(
+        self, lp: Sequence[str], hp: Sequence[str] = (), ticket_entry: bool = True
+    ) -> None:
         self.lp = list(lp)
         self.hp = list(hp)
         if not self.lp and not self.hp:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sloserve.metrics import format_table, meets, summarize
+from sloserve.metrics import check_criterion, format_table, meets, summarize
 from sloserve.request import SLO, Request, RequestStatus
 
 FINISHED, DROPPED, RUNNING = RequestStatus.FINISHED, RequestStatus.DROPPED, RequestStatus.RUNNING
@@ -153,6 +153,9 @@ def test_tail_criterion_needs_p99_and_median_delay_within_bounds() -> None:
 def test_unknown_criterion_is_rejected_by_name() -> None:
     with pytest.raises(ValueError, match="criterion.*'p95'"):
         meets({}, "p95", 0.9)
+    with pytest.raises(ValueError, match="criterion.*'p95'"):
+        check_criterion("p95")
+    check_criterion("tail", tbt_slo=0.1)
 
 
 def test_format_table_shows_units() -> None:

@@ -24,7 +24,9 @@ CRITERIA = ("goodput", "tail", "token")
 
 
 def setups(k: int) -> list[tuple[str, SimConfig]]:
-    base = dict(model="llama-3-8b", gpu="a100", trace="sharegpt", num_requests=k, ttft_slo=1.0)
+    base: dict[str, Any] = dict(model="llama-3-8b", gpu="a100", trace="sharegpt", num_requests=k,
+                                ttft_slo=1.0)
+    hetero = {**base, "ttft_slo": None, "tbt_slo": 0.1875, "slo_mix": "hetero"}
     out: list[tuple[str, SimConfig]] = []
     for tbt in (0.1, 0.5):
         for p in ("vllm", "sarathi", "accelgen"):
@@ -34,11 +36,9 @@ def setups(k: int) -> list[tuple[str, SimConfig]]:
         out.append((f"b/x3/{p}", SimConfig(policy=p, instances=3, hp_instances=hp,
                                            tbt_slo=0.15, **base)))
     for p in ("vllm", "sarathi", "accelgen"):
-        out.append((f"c/hetero/{p}", SimConfig(policy=p, tbt_slo=0.1875, slo_mix="hetero",
-                                               **base)))
+        out.append((f"c/hetero/{p}", SimConfig(policy=p, **hetero)))
     out.append(("c/hetero/ascendra-1L1H", SimConfig(policy="ascendra", instances=2,
-                                                    hp_instances=1, tbt_slo=0.1875,
-                                                    slo_mix="hetero", **base)))
+                                                    hp_instances=1, **hetero)))
     return out
 
 

@@ -45,6 +45,5 @@ class PagedKVCache:
         return 2 * num_layers * block_size * num_kv_heads * head_dim * elem
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``index``'s K and V as flat slot views ``[num_blocks * block_size, kv_heads, d]``."""
-        k, v = self.k[index], self.v[index]
-        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+        """Layer ``index``'s K and V, ``[num_blocks, block_size, kv_heads, head_dim]`` each."""
+        return self.k[index], self.v[index]

@@ -49,6 +49,7 @@ class Scenario:
     output_lens: np.ndarray
     unit_arrivals: np.ndarray
     trace: str | None = None
+    trace_file: str | None = None
     fixed_lengths: tuple[int, int] | None = None
     seed: int = 0
 
@@ -61,7 +62,7 @@ class Scenario:
     @classmethod
     def build(cls, model: ModelShape, hw: Hardware, ttft_slo: float, tpot_slo: float,
               lengths: Sequence[tuple[int, int]], num_requests: int, seed: int = 0,
-              trace: str | None = None) -> Scenario:
+              trace: str | None = None, trace_file: str | None = None) -> Scenario:
         """``num_requests`` requests whose (prompt, output) lengths are drawn from
         ``lengths`` (all of them in order when there is one; else sampled, seeded)."""
         if num_requests < 1:
@@ -77,9 +78,10 @@ class Scenario:
                              "context")
         pick = pool[rng.integers(len(pool), size=num_requests)]
         unit = np.cumsum(rng.exponential(1.0, size=num_requests))
-        fixed = (int(pool[0, 0]), int(pool[0, 1])) if len(pool) == 1 else None
+        single = len(pool) == 1 and trace is None and trace_file is None
+        fixed = (int(pool[0, 0]), int(pool[0, 1])) if single else None
         return cls(model, hw, ttft_slo, tpot_slo, pick[:, 0].copy(), pick[:, 1].copy(), unit,
-                   trace=trace, fixed_lengths=fixed, seed=seed)
+                   trace=trace, trace_file=trace_file, fixed_lengths=fixed, seed=seed)
 
     def requests(self, lam: float) -> Requests:
         return Requests(self.unit_arrivals / lam, self.prompt_lens, self.output_lens)

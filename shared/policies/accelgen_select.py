@@ -64,17 +64,25 @@ class RemainingTimeQueue:
         for req in waiting:
             self.push(req, key(req))
 
-    def pop(self, limit: int) -> list[Entry]:
-        """Remove and return up to ``limit`` live entries in order."""
-        out: list[Entry] = []
-        while self._heap and len(out) < limit:
-            latest, _, seq, req = heapq.heappop(self._heap)
-            if self._live.get(req.request_id) != seq:
-                continue  # superseded entry
-            del self._live[req.request_id]
-            if req.status is RequestStatus.WAITING:
-                out.append(Entry(latest, req))
-        return out
+    def peek(self) -> Entry | None:
+        """The live entry with the least remaining time, left in place."""
+        heap = self._heap
+        while heap:
+            latest, _, seq, req = heap[0]
+            if self._live.get(req.request_id) == seq and req.status is RequestStatus.WAITING:
+                return Entry(latest, req)
+            heapq.heappop(heap)
+            if self._live.get(req.request_id) == seq:
+                del self._live[req.request_id]  # cancelled or moved while queued
+        return None
+
+    def pop(self) -> Entry | None:
+        """Remove and return the live entry with the least remaining time."""
+        e = self.peek()
+        if e is not None:
+            heapq.heappop(self._heap)
+            del self._live[e.req.request_id]
+        return e
 
     def restore(self, entries: Iterable[Entry]) -> None:
         """Put back popped entries that were not admitted, keeping their keys."""

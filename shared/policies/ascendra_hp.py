@@ -83,24 +83,28 @@ class AscendraHPPolicy(Policy):
             prefills += view.waiting
         cap = max(cfg.hp_worst_batch_tokens, prefills[0].num_uncomputed if prefills else 0)
         max_seqs = len(view.running) + len(view.waiting) + 1 if self.elastic else cfg.max_num_seqs
-        b = BatchBuilder(view, max(cap, len(view.running)), max_seqs)
-        for req in late:
-            b.drop(req)
-        self._admit_prefills(b, prefills, cap)
+
+        def builder(token_budget: int) -> BatchBuilder:
+            b = BatchBuilder(view, token_budget, max_seqs)
+            for req in late:
+                b.drop(req)
+            return b
+
+        b = builder(cap)
+        self._admit_prefills(b, prefills)
         if b.num_seqs == 0:  # no prefill could run: decode-only iteration
+            b = builder(max(len(view.running), 1))
             add_decodes(b, [r for r in view.running if r.is_decode])
         self._in_batch = [r for r in (*view.running, *prefills) if b.contains(r)]
         return b.build()
 
-    def _admit_prefills(self, b: BatchBuilder, prefills: list[Request], cap: int) -> None:
-        view = b.view
-        kv, running = view.kv, view.running
+    def _admit_prefills(self, b: BatchBuilder, prefills: list[Request]) -> None:
+        """Whole prompts, FCFS, within the builder's token cap; the first misfit ends it."""
+        kv, running = b.view.kv, b.view.running
         reserved = sum(self.decode_reserve(kv, r) for r in running) if self.elastic else 0
         num_running = len(running)
-        for req in prefills:  # FCFS; the first that cannot run ends admission
+        for req in prefills:
             n = req.num_uncomputed
-            if b.tokens_used + n > cap:
-                break
             if req.prefill_started:  # already admitted (holds KV): just continue it
                 if not b.fits(req, n):
                     break

@@ -93,15 +93,22 @@ class BatchBuilder:
         return self.view.kv.blocks_needed(req.request_id, req.num_computed + num_tokens)
 
     def fits(self, req: Request, num_tokens: int) -> bool:
-        return (
-            num_tokens >= 1
-            and req.request_id not in self._in_batch
-            and req.request_id not in self._removed
-            and num_tokens <= req.num_uncomputed
-            and num_tokens <= self.tokens_left
-            and self.num_seqs < self.max_num_seqs
-            and self.blocks_needed(req, num_tokens) <= self.free_blocks
-        )
+        return self._blocks_if_fits(req, num_tokens) >= 0
+
+    def _blocks_if_fits(self, req: Request, num_tokens: int) -> int:
+        """Blocks ``req`` x ``num_tokens`` would take, or -1 if it does not fit."""
+        rid = req.request_id
+        if (
+            num_tokens < 1
+            or rid in self._in_batch
+            or rid in self._removed
+            or num_tokens > req.num_tokens - req.num_computed
+            or num_tokens > self.token_budget - self.tokens_used
+            or len(self._plan.items) >= self.max_num_seqs
+        ):
+            return -1
+        need = self.view.kv.blocks_needed(rid, req.num_computed + num_tokens)
+        return need if need <= self.free_blocks else -1
 
     def max_chunk(self, req: Request) -> int:
         """Largest chunk of ``req`` that fits the token budget and free KV (0 if none)."""
@@ -118,14 +125,42 @@ class BatchBuilder:
         return max(0, min(n, cap_tokens))
 
     def add(self, req: Request, num_tokens: int) -> None:
-        if not self.fits(req, num_tokens):
+        need = self._blocks_if_fits(req, num_tokens)
+        if need < 0:
             raise ValueError(f"batch: {req.request_id} x{num_tokens} does not fit")
-        self.free_blocks -= self.blocks_needed(req, num_tokens)
+        self._append(req, num_tokens, need)
+
+    def _append(self, req: Request, num_tokens: int, blocks: int) -> None:
+        self.free_blocks -= blocks
         self.tokens_used += num_tokens
         self._in_batch.add(req.request_id)
         self._plan.items.append(
             ScheduledItem(req.request_id, num_tokens, req.num_computed, req.in_prefill)
         )
+
+    def add_decodes_if_all_fit(self, decodes: Sequence[Request]) -> bool:
+        """Fast path: add every decode at once when budget, slots and KV allow all of them.
+
+        A running request holds exactly ``ceil(num_computed / block_size)`` blocks,
+        so its next token needs a new block iff ``num_computed % block_size == 0``.
+        """
+        bs = self.view.kv.block_size
+        need = sum(1 for r in decodes if r.num_computed % bs == 0)
+        if (
+            self._in_batch
+            or self._removed
+            or len(decodes) > self.token_budget - self.tokens_used
+            or len(decodes) > self.max_num_seqs
+            or need > self.free_blocks
+        ):
+            return False
+        self.free_blocks -= need
+        self.tokens_used += len(decodes)
+        self._in_batch.update(r.request_id for r in decodes)
+        self._plan.items.extend(
+            ScheduledItem(r.request_id, 1, r.num_computed, False) for r in decodes
+        )
+        return True
 
     def _remove(self, req: Request, into: list[str]) -> None:
         if req.request_id in self._in_batch or req.request_id in self._removed:
@@ -154,6 +189,8 @@ def add_decodes(b: BatchBuilder, decodes: Sequence[Request]) -> None:
     vLLM's rule: the victim is the most recently admitted running request
     (the tail of ``decodes``); a request with nobody left to evict preempts itself.
     """
+    if b.add_decodes_if_all_fit(decodes):
+        return
     queue = list(decodes)
     while queue:
         req = queue.pop(0)

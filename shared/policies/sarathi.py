@@ -22,9 +22,12 @@ class SarathiPolicy(Policy):
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         b = BatchBuilder(view, self.config.token_budget, self.config.max_num_seqs)
-        add_decodes(b, [r for r in view.running if r.is_decode])
-        for req in view.running:  # ongoing prefills, in admission order
-            if req.in_prefill and not b.removed(req):
+        decodes, prefills = [], []
+        for r in view.running:
+            (prefills if r.in_prefill else decodes).append(r)
+        add_decodes(b, decodes)
+        for req in prefills:  # ongoing prefills, in admission order
+            if not b.removed(req):
                 chunk = b.max_chunk(req)
                 if chunk:
                     b.add(req, chunk)

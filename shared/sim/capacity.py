@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from sloserve.metrics import meets
+from sloserve.metrics import check_criterion, meets
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import simulate
 
@@ -32,7 +32,7 @@ def find_capacity(
 
     ``cache`` (qps -> summary) lets several criteria share probes of one setup.
     """
-    meets(None, criterion, target, None)  # validate the criterion name early
+    check_criterion(criterion, cfg.tbt_slo)
     if not 0 < target <= 1:
         raise ValueError(f"target: must be in (0, 1], got {target}")
     cache = {} if cache is None else cache

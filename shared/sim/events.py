@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import NamedTuple
 
 
 class EventKind(IntEnum):
@@ -14,12 +14,11 @@ class EventKind(IntEnum):
     ARRIVAL = 1
 
 
-@dataclass(order=True, slots=True)
-class Event:
+class Event(NamedTuple):
     time: float
     kind: EventKind
-    seq: int
-    target: int = field(compare=False)  # request index (ARRIVAL) or instance index (BATCH_END)
+    seq: int  # ties broken by insertion order
+    target: int  # request index (ARRIVAL) or instance index (BATCH_END)
 
 
 class EventQueue:

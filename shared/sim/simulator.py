@@ -14,7 +14,7 @@ import dataclasses
 import time
 from typing import Any
 
-from sloserve.batch import BatchPlan, BatchSample
+from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.base import TimingSource
@@ -32,6 +32,9 @@ from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
 
+REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
+
+
 def build_timing(cfg: SimConfig) -> TimingSource:
     if cfg.timing is not None:
         return cfg.timing
@@ -44,7 +47,9 @@ def build_timing(cfg: SimConfig) -> TimingSource:
     return ProfileTiming(cfg.model, cfg.gpu, seed=cfg.seed, noise_cv=cfg.noise_cv, tp=cfg.tp)
 
 
-def build_workload(cfg: SimConfig, model: ModelShape) -> Workload:
+def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
+    """Requests for ``cfg``; ``timing`` measures the prompt latencies that AccelGen's
+    heterogeneous TTFT SLOs are scaled from (§6.1), as the paper measured them."""
     if cfg.fixed_lengths is not None:
         p, o = cfg.fixed_lengths
         lengths = [TraceRequest(p, o, None)]
@@ -63,6 +68,7 @@ def build_workload(cfg: SimConfig, model: ModelShape) -> Workload:
         ttft_slo=cfg.ttft_slo,
         tbt_slo=cfg.tbt_slo,
         slo_mix=cfg.slo_mix,
+        batch_time=timing.batch_time if cfg.slo_mix else None,
         max_context=model.max_context,
     )
 
@@ -89,7 +95,7 @@ class Simulation:
         self.model = get_model(cfg.model)
         self.timing = build_timing(cfg)
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
-        self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp)
+        self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         n_lp = cfg.instances - cfg.hp_instances
@@ -109,9 +115,9 @@ class Simulation:
             [i.instance_id for i in self.instances if i.role == "lp"],
             [i.instance_id for i in self.instances if i.role == "hp"],
         )
-        self.workload = build_workload(cfg, self.model)
+        self.workload = build_workload(cfg, self.model, self.timing)
         self.events = EventQueue()
-        self.in_flight: list[BatchPlan | None] = [None] * len(self.instances)
+        self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
         self.sample_times: list[float] = []  # virtual start time of each recorded sample
@@ -158,16 +164,18 @@ class Simulation:
         if plan.is_empty:
             self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
             return
-        self.in_flight[k] = plan
+        shape = plan.shape()
+        self.in_flight[k] = (plan, shape)
         self.batch_start[k] = now
-        self.events.push(now + self.timing.batch_time(plan.shape()), EventKind.BATCH_END, k)
+        self.events.push(now + self.timing.batch_time(shape), EventKind.BATCH_END, k)
 
     def _finish_batch(self, k: int, now: float) -> None:
         inst = self.instances[k]
-        plan = self.in_flight[k]
-        assert plan is not None
+        flight = self.in_flight[k]
+        assert flight is not None
+        plan, shape = flight
         self.in_flight[k] = None
-        sample = BatchSample(plan.shape(), now - self.batch_start[k])
+        sample = BatchSample(shape, now - self.batch_start[k])
         self.perf_model.observe(sample)
         if self.cfg.record_samples:
             self.samples.append(sample)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from sloserve.request import SLO, Request
 from sloserve.workload.arrivals import gamma_arrivals, poisson_arrivals, trace_arrivals
 from sloserve.workload.slo_mix import SLO_MIXES, BatchTime, hetero_slos, uniform_slos
@@ -77,7 +78,7 @@ def make_requests(
             "slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO"
         )
 
-    len_rng = arr_rng = slo_rng = np.random.default_rng(seed); _ = (
+    len_rng, arr_rng, slo_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
     if arrival == "trace":
@@ -133,8 +134,8 @@ def make_requests(
         "span_s": span,
         "seed": seed,
         "slo_mix": mix,
-        "mean_prompt_len": float(np.mean(prompts)),
-        "mean_output_len": float(np.mean(outputs)),
+        "mean_prompt_len": float(np.mean([r.prompt_len for r in requests])) if requests else None,
+        "mean_output_len": float(np.mean([r.output_len for r in requests])) if requests else None,
         "sampled_with_replacement": arrival != "trace" and num_requests > len(lengths),
     }
     return Workload(requests, num_requests - len(requests), info)

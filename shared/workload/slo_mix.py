@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import numpy as np
+
 from sloserve.batch import BatchShape
 from sloserve.request import SLO
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import random
 
 from helpers import make_instance, req
+
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import make_policy
-from sloserve.policies.base import PolicyConfig
+from sloserve.policies.base import InstanceView, PolicyConfig
 
 # A slow, fixed model: 0.02 s + 1 ms per token. With a 256-token budget and no
 # decodes one LP iteration takes 0.276 s; the worst HP batch (1024 tokens) 1.044 s.
@@ -92,6 +93,25 @@ def test_never_offloads_a_request_whose_prefill_has_started() -> None:
     assert inst.requests["started"].prefill_started
 
 
+def test_never_offloads_a_started_prefill_even_when_decodes_leave_it_no_budget() -> None:
+    kv = BlockManager(1000, 16)
+    started = req("started", 2048, ttft=0.5)
+    started.num_computed = 256
+    kv.allocate("started", 256)
+    decodes = []
+    for i in range(4):
+        d = req(f"d{i}", 16, output=50)
+        d.num_computed, d.num_generated = 16, 1
+        kv.allocate(d.request_id, 16)
+        decodes.append(d)
+    queued = req("queued", 256, arrival=0.2, ttft=0.3)
+    policy = make_policy("ascendra-lp", PolicyConfig(token_budget=4, hp_worst_batch_tokens=1024))
+    view = InstanceView("lp0", 0.3, [queued], [started, *decodes], kv, SLOW)
+    plan = policy.schedule(view)
+    assert sorted(i.request_id for i in plan.items) == ["d0", "d1", "d2", "d3"]
+    assert plan.offloaded == ["queued"]  # the rule fires, but not for the started prefill
+
+
 def test_threshold_zero_disables_offloading_and_late_requests_are_not_offloaded() -> None:
     inst = slow_lp(offload_threshold=0.0)
     inst.add_request(req("runs", 256, ttft=0.3), 0.0)
@@ -115,5 +135,8 @@ def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> Non
         inst.add_request(req("late", 10, arrival=0.0, ttft=0.5), 0.1)
         inst.add_request(req("on_time", 10, arrival=0.0, ttft=2.0), 0.1)
         inst.add_request(req("no_slo", 10, arrival=0.0, ttft=None), 0.1)
-        _, _, dropped = inst.schedule(1.0)  # "started" is late too, but in prefill
+        resumed = req("resumed", 10, arrival=0.0, ttft=0.5)  # first token already out
+        resumed.num_generated, resumed.token_times = 2, [0.2, 0.3]
+        inst.add_request(resumed, 0.1)
+        _, _, dropped = inst.schedule(1.0)  # "started", "resumed": past it but TTFT settled
         assert [r.request_id for r in dropped] == expect, drop_late

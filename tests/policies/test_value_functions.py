@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import req
+
 from sloserve.policies.value_functions import get_value_function
 
 

@@ -73,9 +73,9 @@ def snapshot(w: object) -> list[tuple[object, ...]]:
 
 def test_make_requests_deterministic_for_a_seed() -> None:
     kw = dict(num_requests=200, qps=4.0, arrival="gamma", cv=2.0, slo_mix="hetero", ttft_slo=1.0)
-    a = make_requests(LENGTHS, seed=3, **kw)  # type: ignore[arg-type]
-    b = make_requests(LENGTHS, seed=3, **kw)  # type: ignore[arg-type]
-    c = make_requests(LENGTHS, seed=4, **kw)  # type: ignore[arg-type]
+    a = make_requests(LENGTHS, seed=3, **kw)
+    b = make_requests(LENGTHS, seed=3, **kw)
+    c = make_requests(LENGTHS, seed=4, **kw)
     assert snapshot(a) == snapshot(b) != snapshot(c)
     assert a.requests[42].request_id == "r000042"
 
@@ -85,7 +85,14 @@ def test_lengths_arrivals_and_slos_use_independent_streams() -> None:
     mixed = make_requests(LENGTHS, num_requests=30, qps=2.0, seed=5, slo_mix="hetero", ttft_slo=2.0)
     assert [s[:4] for s in snapshot(plain)] == [s[:4] for s in snapshot(mixed)]
     bursty = make_requests(
-        LENGTHS, num_requests=30, qps=2.0, seed=5, arrival="gamma", cv=4.0, slo_mix="hetero", ttft_slo=2.0
+        LENGTHS,
+        num_requests=30,
+        qps=2.0,
+        seed=5,
+        arrival="gamma",
+        cv=4.0,
+        slo_mix="hetero",
+        ttft_slo=2.0,
     )
     same = [(s[0], *s[2:]) for s in snapshot(mixed)]
     assert same == [(s[0], *s[2:]) for s in snapshot(bursty)]  # only arrival times differ
@@ -137,9 +144,11 @@ def test_real_trace_poisson_workload_hits_target_rate() -> None:
         (dict(num_requests=5, qps=1.0, slo_mix="hetero"), "--ttft-slo"),
     ],
 )
-def test_make_requests_rejects_bad_arguments_naming_the_flag(kwargs: dict[str, object], flag: str) -> None:
+def test_make_requests_rejects_bad_arguments_naming_the_flag(
+    kwargs: dict[str, object], flag: str
+) -> None:
     with pytest.raises(ValueError, match=flag):
-        make_requests(LENGTHS, **kwargs)  # type: ignore[arg-type]
+        make_requests(LENGTHS, **kwargs)
 
 
 def test_trace_arrival_needs_timestamps() -> None:

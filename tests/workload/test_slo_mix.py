@@ -16,7 +16,7 @@ PERF = LinearPerfModel()
 
 
 def prefill(p: int) -> float:
-    return PERF.predict(BatchShape(prefills=((p, 0),)))
+    return float(PERF.predict(BatchShape(prefills=((p, 0),))))
 
 
 def test_uniform_slos_give_every_request_the_same_targets() -> None:
@@ -60,12 +60,14 @@ def test_hetero_flags_are_scale_anchors() -> None:
 def test_hetero_jct_share_makes_offline_requests_with_only_a_jct_slo() -> None:
     n = 4000
     outputs = [100] * n
-    slos = hetero_slos([600] * n, outputs, np.random.default_rng(3), batch_time=PERF.predict, jct_share=0.25)
+    slos = hetero_slos(
+        [600] * n, outputs, np.random.default_rng(3), batch_time=PERF.predict, jct_share=0.25
+    )
     offline = [s for s in slos if s.jct is not None]
     assert len(offline) / n == pytest.approx(0.25, abs=0.03)
     assert all(s.ttft is None and s.tbt is None for s in offline)
     base = prefill(600) + 100 * 0.1875
-    assert all(0.5 * base <= s.jct <= 1.5 * base for s in offline)  # type: ignore[operator]
+    assert all(0.5 * base <= s.jct <= 1.5 * base for s in offline)
     assert all(s.ttft is not None and s.tbt is not None for s in slos if s.jct is None)
 
 

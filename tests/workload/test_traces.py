@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from sloserve.workload.traces import TraceError, TraceRequest, load_trace, load_trace_file, trace_names
+from sloserve.workload.traces import (
+    TraceError,
+    TraceRequest,
+    load_trace,
+    load_trace_file,
+    trace_names,
+)
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -45,7 +51,7 @@ def test_azure_conv_arrivals_are_rebased_sorted_seconds() -> None:
     assert trace[0] == TraceRequest(374, 44, 0.0)
     arrivals = [r.arrival for r in trace]
     assert all(a is not None for a in arrivals)
-    assert arrivals == sorted(arrivals)  # type: ignore[type-var]
+    assert arrivals == sorted(arrivals)
     # 18:15:46.6805900 -> 19:14:08.4025270 (README: span 3501.7 s)
     assert trace[-1].arrival == pytest.approx(3501.721937, abs=1e-6)
 
@@ -88,10 +94,18 @@ def test_csv_length_columns_recognised(tmp_path: Path, header: str) -> None:
 
 @pytest.mark.parametrize(
     ("prompt", "output"),
-    [("input_length", "output_length"), ("prompt_tokens", "completion_tokens"), ("input_len", "output_len")],
+    [
+        ("input_length", "output_length"),
+        ("prompt_tokens", "completion_tokens"),
+        ("input_len", "output_len"),
+    ],
 )
 def test_jsonl_length_fields_recognised(tmp_path: Path, prompt: str, output: str) -> None:
-    lines = [json.dumps({prompt: 7, output: 8, "text": "hi"}), "", json.dumps({prompt: "9", output: 1})]
+    lines = [
+        json.dumps({prompt: 7, output: 8, "text": "hi"}),
+        "",
+        json.dumps({prompt: "9", output: 1}),
+    ]
     path = write(tmp_path, "t.jsonl", "\n".join(lines) + "\n")
     assert load_trace_file(path) == [TraceRequest(7, 8), TraceRequest(9, 1)]
 
@@ -122,7 +136,9 @@ def test_millisecond_column_converted_to_seconds(tmp_path: Path) -> None:
 
 
 def test_epoch_milliseconds_detected_by_magnitude(tmp_path: Path) -> None:
-    path = write(tmp_path, "t.csv", "timestamp,input_len,output_len\n1700000000000,1,2\n1700000001500,3,4\n")
+    path = write(
+        tmp_path, "t.csv", "timestamp,input_len,output_len\n1700000000000,1,2\n1700000001500,3,4\n"
+    )
     assert [r.arrival for r in load_trace_file(path)] == [0.0, 1.5]
 
 
@@ -147,7 +163,9 @@ def test_iso8601_with_timezones(tmp_path: Path) -> None:
 
 
 def test_unsorted_arrivals_sorted_with_lengths_attached(tmp_path: Path) -> None:
-    path = write(tmp_path, "t.csv", "arrival_time,input_len,output_len\n3,30,31\n1,10,11\n2,20,21\n")
+    path = write(
+        tmp_path, "t.csv", "arrival_time,input_len,output_len\n3,30,31\n1,10,11\n2,20,21\n"
+    )
     assert load_trace_file(path) == [
         TraceRequest(10, 11, 0.0),
         TraceRequest(20, 21, 1.0),
@@ -163,10 +181,22 @@ def test_unsorted_arrivals_sorted_with_lengths_attached(tmp_path: Path) -> None:
     [
         ("empty.csv", "", "file is empty"),
         ("header.csv", "input_len,output_len\n", "no requests"),
-        ("cols.csv", "a,b\n1,2\n", "no prompt-length column (looked for num_prefill_tokens, ContextTokens"),
+        (
+            "cols.csv",
+            "a,b\n1,2\n",
+            "no prompt-length column (looked for num_prefill_tokens, ContextTokens",
+        ),
         ("out.csv", "input_len,foo\n1,2\n", "no output-length column"),
-        ("abc.csv", "input_len,output_len\n1,2\n3,abc\n", "line 3: output length 'abc' is not an integer"),
-        ("frac.csv", "input_len,output_len\n1.5,2\n", "line 2: prompt length '1.5' is not an integer"),
+        (
+            "abc.csv",
+            "input_len,output_len\n1,2\n3,abc\n",
+            "line 3: output length 'abc' is not an integer",
+        ),
+        (
+            "frac.csv",
+            "input_len,output_len\n1.5,2\n",
+            "line 2: prompt length '1.5' is not an integer",
+        ),
         ("zero.csv", "input_len,output_len\n0,2\n", "line 2: prompt length 0 is not positive"),
         ("neg.csv", "input_len,output_len\n4,-2\n", "line 2: output length -2 is not positive"),
         ("miss.csv", "input_len,output_len\n4,\n", "line 2: output length is missing"),
@@ -177,8 +207,16 @@ def test_unsorted_arrivals_sorted_with_lengths_attached(tmp_path: Path) -> None:
             "timestamp,input_len,output_len\n2024-01-01 00:00:00,1,2\nyesterday,1,2\n",
             "line 3: arrival time 'yesterday' is not a timestamp",
         ),
-        ("num.csv", "arrived_at,input_len,output_len\n1,1,2\nsoon,1,2\n", "line 3: arrival time 'soon' is not a number"),
-        ("noarr.csv", "arrived_at,input_len,output_len\n1,1,2\n,1,2\n", "line 3: arrival time is missing"),
+        (
+            "num.csv",
+            "arrived_at,input_len,output_len\n1,1,2\nsoon,1,2\n",
+            "line 3: arrival time 'soon' is not a number",
+        ),
+        (
+            "noarr.csv",
+            "arrived_at,input_len,output_len\n1,1,2\n,1,2\n",
+            "line 3: arrival time is missing",
+        ),
     ],
 )
 def test_bad_file_gives_one_line_naming_file_and_problem(

@@ -1,0 +1,1 @@
+"""Executor service: runs each ``BatchPlan`` on a backend (``sim`` or ``torch``)."""

@@ -1,0 +1,120 @@
+"""Executor backends: the seam between the executor service and what runs a batch.
+
+``sim`` (DESIGN.md, executors): no model; a batch lasts its ground-truth time
+(``ProfileTiming``, real GPU profiles) and produces deterministic pseudo-tokens,
+printable ASCII so the byte-level tokenizer turns them into text. ``torch``
+lives in :mod:`sloserve.services.executor.torch_backend`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sloserve.batch import BatchSample, BatchShape
+from sloserve.services.proto import executor_pb2
+
+PSEUDO_VOCAB = b"etaoinshrdlu etaoinsh cmfwypvbgkjqxz"  # letters by English frequency + spaces
+
+
+@dataclass(slots=True)
+class Step:
+    tokens: dict[str, int]
+    stopped: set[str] = field(default_factory=set)
+    duration_s: float = 0.0  # sim: how long the batch must take; torch: how long it took
+    realtime_wait: bool = False  # True: the service waits out duration_s
+
+
+class Backend(Protocol):
+    def describe(self) -> executor_pb2.ExecutorDescription: ...
+
+    def reset(self) -> None:
+        """A new scheduler stream: forget every sequence."""
+
+    def execute(self, plan: executor_pb2.BatchPlan) -> Step: ...
+
+    def warmup_samples(self) -> list[BatchSample]:
+        """The startup profiling run: measured batches for the perf model's warm start."""
+        ...
+
+
+def plan_shape(plan: executor_pb2.BatchPlan) -> BatchShape:
+    items = plan.items
+    return BatchShape(
+        prefills=tuple((i.num_tokens, i.context_len) for i in items if i.is_prefill),
+        decodes=tuple(i.context_len for i in items if not i.is_prefill),
+    )
+
+
+def pseudo_token(request_id: str, index: int) -> int:
+    """Deterministic token for (request, index): the same after a restart or recompute."""
+    h = hashlib.blake2b(f"{request_id}:{index}".encode(), digest_size=4).digest()
+    return PSEUDO_VOCAB[int.from_bytes(h, "little") % len(PSEUDO_VOCAB)]
+
+
+class SimBackend:
+    """Ground-truth timing of ``model`` on ``gpu``; ``time_scale`` shrinks waits (benchmarks)."""
+
+    def __init__(
+        self,
+        model: str,
+        gpu: str,
+        seed: int = 0,
+        noise_cv: float = 0.03,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        time_scale: float = 1.0,
+    ) -> None:
+        from sloserve.perf.ground_truth import ProfileTiming
+        from sloserve.perf.hardware import get_hardware
+        from sloserve.perf.memory import kv_capacity_blocks
+        from sloserve.perf.models import get_model
+
+        if not time_scale >= 0:
+            raise ValueError(f"time_scale: must be >= 0, got {time_scale}")
+        self.timing = ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv)
+        self.shape = get_model(model)
+        self.gpu = gpu
+        self.seed = seed
+        self.block_size = block_size
+        self.num_blocks = num_blocks or kv_capacity_blocks(
+            self.shape, get_hardware(gpu), block_size
+        )
+        self.time_scale = time_scale
+
+    def describe(self) -> executor_pb2.ExecutorDescription:
+        return executor_pb2.ExecutorDescription(
+            model=self.shape.name, hardware=self.gpu, backend="sim",
+            kv_capacity_blocks=self.num_blocks, block_size=self.block_size,
+            max_context=self.shape.max_context,
+        )
+
+    def reset(self) -> None:
+        pass  # no per-sequence state: tokens are a function of (request id, index)
+
+    def execute(self, plan: executor_pb2.BatchPlan) -> Step:
+        tokens = {
+            i.request_id: pseudo_token(i.request_id, i.token_index)
+            for i in plan.items
+            if i.samples_token
+        }
+        duration = self.timing.batch_time(plan_shape(plan)) * self.time_scale
+        return Step(tokens, duration_s=duration, realtime_wait=True)
+
+    def warmup_samples(self) -> list[BatchSample]:
+        from sloserve.perf.sweep import profile_sweep
+
+        return profile_sweep(self.timing, self.shape, seed=self.seed)
+
+
+def make_backend(name: str, **kw: object) -> Backend:
+    """``sim`` or ``torch`` (the latter needs torch and ``sloserve.model.engine``)."""
+    if name == "sim":
+        allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale")
+        return SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
+    if name == "torch":
+        from sloserve.services.executor.torch_backend import TorchBackend
+
+        return TorchBackend(**kw)  # type: ignore[arg-type]
+    raise ValueError(f"backend: must be 'sim' or 'torch', got {name!r}")

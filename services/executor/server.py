@@ -1,0 +1,130 @@
+"""Executor service: ``Execute`` (bidi: ``BatchPlan`` in, ``IterationResult`` out), ``Describe``.
+
+Every executed batch (shape + measured time) is appended to the samples
+stream for the perf-model service, in the background, off the iteration path.
+At startup the backend's profiling sweep is appended first (warm start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import redis.asyncio as aioredis
+
+from sloserve.batch import BatchSample
+from sloserve.services import obs, rpc
+from sloserve.services.executor.backends import Backend, make_backend, plan_shape
+from sloserve.services.perfmodel import samples
+from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
+from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+
+
+class ExecutorService(executor_grpc.ExecutorServicer):
+    def __init__(self, backend: Backend, redis: aioredis.Redis, keys: Keys) -> None:
+        self.backend = backend
+        self.redis = redis
+        self.keys = keys
+        self._pending: list[BatchSample] = []
+        self._flush_wanted = asyncio.Event()
+        self.log = obs.setup_logging("executor")
+
+    async def Describe(
+        self, request: executor_pb2.DescribeRequest, context: grpc.aio.ServicerContext
+    ) -> executor_pb2.ExecutorDescription:
+        return self.backend.describe()
+
+    async def Execute(
+        self, request_iterator: AsyncIterator[executor_pb2.BatchPlan],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[executor_pb2.IterationResult]:
+        self.backend.reset()
+        async for plan in request_iterator:
+            start = time.perf_counter()
+            step = self.backend.execute(plan)
+            if step.realtime_wait:  # sim: really wait the batch's time, minus our own work
+                left = step.duration_s - (time.perf_counter() - start)
+                if left > 0:
+                    await asyncio.sleep(left)
+                measured = time.perf_counter() - start
+            else:
+                measured = step.duration_s
+            yield executor_pb2.IterationResult(
+                iteration=plan.iteration,
+                tokens=[
+                    executor_pb2.SampledToken(request_id=r, token_id=t)
+                    for r, t in step.tokens.items()
+                ],
+                stopped=sorted(step.stopped),
+                duration_s=measured,
+                kv_used_blocks=sum(len(i.block_table) for i in plan.items),
+            )
+            if plan.items:
+                self._pending.append(BatchSample(plan_shape(plan), measured))
+                self._flush_wanted.set()
+
+    async def publish_warmup(self) -> None:
+        sweep = await asyncio.to_thread(self.backend.warmup_samples)
+        await self._xadd(sweep, "sweep")
+        self.log.info("warmup_samples", count=len(sweep))
+
+    async def flush_forever(self) -> None:
+        while True:
+            await self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            batch, self._pending = self._pending, []
+            await self._xadd(batch, "run")
+
+    async def _xadd(self, batch: list[BatchSample], src: str) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for s in batch:
+                pipe.xadd(self.keys.samples, samples.encode(s, src),  # type: ignore[arg-type]
+                          maxlen=samples.MAXLEN, approximate=True)
+            await pipe.execute()
+
+
+async def serve(args: argparse.Namespace) -> None:
+    backend = make_backend(
+        args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
+        block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
+        weights=args.weights,
+    )
+    redis = aioredis.Redis.from_url(args.redis_url)
+    svc = ExecutorService(backend, redis, Keys(args.prefix))
+    server, _ = await rpc.start_server(
+        args.host, args.port, SERVICE_NAMES["executor"],
+        lambda s: executor_grpc.add_ExecutorServicer_to_server(svc, s),
+    )
+    obs.start_metrics(args.metrics_port)
+    await svc.publish_warmup()
+    flusher = asyncio.create_task(svc.flush_forever())
+    svc.log.info("serving", port=args.port, backend=args.backend, model=args.model)
+    await rpc.serve_until_signal(server, [flusher])
+    await redis.aclose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sloserve.services.executor")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--backend", default="sim", choices=("sim", "torch"))
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--gpu", default="a100")
+    p.add_argument("--weights", default=None, help="torch: local safetensors/gguf directory")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise-cv", type=float, default=0.03)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
+    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    p.add_argument("--prefix", default="sloserve")
+    p.add_argument("--metrics-port", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(build_parser().parse_args(argv)))
+    return 0

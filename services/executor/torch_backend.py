@@ -1,0 +1,84 @@
+"""The ``torch`` backend: ``sloserve.model.engine.TorchEngine`` behind the executor seam.
+
+The scheduler owns KV block allocation and sends each item's block table;
+the engine owns the tensors and token ids. A request joins the engine with
+its prompt plus any tokens generated before a restart or offload (recompute).
+"""
+
+from __future__ import annotations
+
+from sloserve.batch import BatchPlan, BatchSample, ScheduledItem
+from sloserve.services.executor.backends import Step
+from sloserve.services.proto import executor_pb2
+
+
+class TorchBackend:
+    def __init__(
+        self,
+        model: str,
+        gpu: str = "cpu",
+        seed: int = 0,
+        block_size: int = 16,
+        num_blocks: int | None = None,
+        weights: str | None = None,
+        dtype: str = "float32",
+        **_: object,
+    ) -> None:
+        try:
+            from sloserve.model.engine import TorchEngine
+        except ImportError as exc:
+            raise ValueError(
+                f"backend: 'torch' needs torch and sloserve.model.engine ({exc}); use --backend sim"
+            ) from exc
+        device = "cpu" if gpu == "cpu" else "cuda"
+        self.gpu = gpu
+        self.engine = TorchEngine(
+            model, weights=weights, device=device, dtype=dtype, num_blocks=num_blocks,
+            block_size=block_size, seed=seed,
+        )
+
+    def describe(self) -> executor_pb2.ExecutorDescription:
+        tok = getattr(self.engine.tokenizer, "_tok", None)  # tokenizers.Tokenizer, if BPE
+        shape = self.engine.config.shape
+        return executor_pb2.ExecutorDescription(
+            model=shape.name, hardware=self.gpu, backend="torch",
+            kv_capacity_blocks=self.engine.num_blocks, block_size=self.engine.block_size,
+            max_context=shape.max_context, tokenizer_json=tok.to_str() if tok else "",
+        )
+
+    def reset(self) -> None:
+        for rid in list(self.engine._seqs):  # noqa: SLF001 - engine has no bulk reset
+            self.engine.free(rid)
+
+    def execute(self, plan: executor_pb2.BatchPlan) -> Step:
+        from sloserve.model.sampling import SamplingParams
+
+        for rid in plan.freed:
+            self.engine.free(rid)
+        for rid in plan.preempted:
+            self.engine.preempted(rid)
+        for seq in plan.added:
+            self.engine.free(seq.request_id)
+            left = seq.max_tokens - len(seq.generated_token_ids)
+            self.engine.add_request(
+                seq.request_id,
+                [*seq.prompt_token_ids, *seq.generated_token_ids],
+                SamplingParams(max_tokens=max(1, left)),
+            )
+        core = BatchPlan(
+            items=[
+                ScheduledItem(i.request_id, i.num_tokens, i.context_len, i.is_prefill)
+                for i in plan.items
+            ]
+        )
+        tables = {i.request_id: list(i.block_table) for i in plan.items}
+        res = self.engine.execute(core, tables)
+        return Step(res.tokens, res.stopped, res.duration_s, realtime_wait=False)
+
+    def warmup_samples(self) -> list[BatchSample]:
+        from sloserve.perf.sweep import profile_sweep
+
+        class _Timing:
+            batch_time = self.engine.profile_batch
+
+        return profile_sweep(_Timing(), self.engine.perf_shape(), max_tokens=512)

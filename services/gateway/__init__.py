@@ -1,0 +1,1 @@
+"""Gateway service: validates, tokenizes, routes (``sloserve.router``) and streams tokens."""

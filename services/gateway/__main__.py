@@ -1,0 +1,5 @@
+import sys
+
+from sloserve.services.gateway.server import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The gateway's stream to one scheduler, reconnected for ever.
+
+Each (re)connection opens with a ``Hello`` listing every in-flight request the
+gateway holds on that instance (with the tokens it already has), so nothing
+sent while the scheduler was down is lost: messages sent while disconnected
+are dropped and the next ``Hello`` carries them instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+import structlog
+
+from sloserve.services import rpc
+from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
+
+Msg = scheduler_pb2.SchedulerInput
+
+
+class SchedulerLink:
+    def __init__(
+        self,
+        instance_id: str,
+        target: str,
+        gateway_id: str,
+        inflight: Callable[[str], list[common_pb2.RequestSpec]],
+        on_output: Callable[[str, scheduler_pb2.SchedulerOutput], None],
+    ) -> None:
+        self.instance_id, self.target, self.gateway_id = instance_id, target, gateway_id
+        self._inflight, self._on_output = inflight, on_output
+        self._q: asyncio.Queue[Msg | None] | None = None
+        self.connected = False
+        self.stub = scheduler_grpc.SchedulerStub(rpc.channel(target))
+        self.log = structlog.get_logger().bind(service="gateway", instance=instance_id)
+
+    def submit(self, spec: common_pb2.RequestSpec) -> None:
+        if self._q is not None:
+            self._q.put_nowait(Msg(submit=spec))
+
+    def cancel(self, request_id: str) -> None:
+        if self._q is not None:
+            self._q.put_nowait(Msg(cancel=request_id))
+
+    async def run(self) -> None:
+        backoff = 0.05
+        while True:
+            q: asyncio.Queue[Msg | None] = asyncio.Queue()
+            hello = scheduler_pb2.Hello(
+                gateway_id=self.gateway_id, inflight=self._inflight(self.instance_id))
+            q.put_nowait(Msg(hello=hello))
+            self._q = q
+            try:
+                async for out in self.stub.Connect(_drain(q)):
+                    if not self.connected:
+                        self.connected, backoff = True, 0.05
+                        self.log.info("scheduler_connected", inflight=len(hello.inflight))
+                    self._on_output(self.instance_id, out)
+            except grpc.aio.AioRpcError as exc:
+                self.log.warning("scheduler_stream_broken", code=exc.code().name)
+            finally:
+                self._q = None
+                self.connected = False
+                q.put_nowait(None)
+            await asyncio.sleep(backoff)
+            backoff = min(1.0, backoff * 2)
+
+
+async def _drain(q: asyncio.Queue[Msg | None]) -> AsyncIterator[Msg]:
+    while (msg := await q.get()) is not None:
+        yield msg

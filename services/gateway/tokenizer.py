@@ -1,0 +1,70 @@
+"""Prompt tokenization at the gateway: byte-level by default, the model's own tokenizer
+when the executor ships one (``ExecutorDescription.tokenizer_json``, needs ``tokenizers``)."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Callable
+from typing import Protocol
+
+
+class Detokenizer(Protocol):
+    def push(self, token_id: int) -> str:
+        """The text this token completes (may be empty, e.g. mid UTF-8 character)."""
+        ...
+
+
+class ByteTokenizer:
+    name = "byte"
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def detokenizer(self) -> Detokenizer:
+        return _ByteDetok()
+
+
+class _ByteDetok:
+    def __init__(self) -> None:
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return str(self._dec.decode(bytes([token_id & 0xFF])))
+
+
+class ModelTokenizer:
+    """A ``tokenizers.Tokenizer`` loaded from its JSON."""
+
+    name = "model"
+
+    def __init__(self, tokenizer_json: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_str(tokenizer_json)
+        self.vocab_size = int(self._tok.get_vocab_size())
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def detokenizer(self) -> Detokenizer:
+        return _DiffDetok(lambda ids: str(self._tok.decode(ids, skip_special_tokens=True)))
+
+
+class _DiffDetok:
+    """Incremental decode by re-decoding and emitting the new suffix (vLLM's approach)."""
+
+    def __init__(self, decode: Callable[[list[int]], str]) -> None:
+        self._decode, self._ids, self._text = decode, [], ""
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        text = self._decode(self._ids)
+        if text.endswith("\ufffd"):  # an incomplete character: wait for the next token
+            return ""
+        new, self._text = text[len(self._text):], text
+        return new
+
+
+def make_tokenizer(tokenizer_json: str) -> ByteTokenizer | ModelTokenizer:
+    return ModelTokenizer(tokenizer_json) if tokenizer_json else ByteTokenizer()

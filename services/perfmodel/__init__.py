@@ -1,0 +1,1 @@
+"""Perf-model service: refits Ascendra's regression (§3.3) from executed batches."""

@@ -1,0 +1,5 @@
+import sys
+
+from sloserve.services.perfmodel.server import main
+
+sys.exit(main())

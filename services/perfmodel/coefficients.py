@@ -1,0 +1,56 @@
+"""Published coefficients: a JSON value under ``Keys.coefficients`` and a pub/sub message
+on the channel of the same name. Schedulers load the key, then follow the channel, and
+predict locally (no RPC per decision)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import redis.asyncio as aioredis
+
+from sloserve.services.proto import perfmodel_pb2
+
+
+@dataclass(slots=True)
+class Published:
+    values: list[float]
+    version: int
+    num_samples: int
+    fit_time: float
+    model: str
+    hardware: str
+    mape: float
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> Published:
+        return cls(**json.loads(raw))
+
+    def to_proto(self) -> perfmodel_pb2.Coefficients:
+        return perfmodel_pb2.Coefficients(**asdict(self))
+
+
+async def follow(
+    redis: aioredis.Redis, key: str, apply: Callable[[Published], None], wait_s: float = 0.0
+) -> asyncio.Task[None]:
+    """Apply the current coefficients (waiting up to ``wait_s`` for a first fit), then
+    keep applying every update in a background task, which is returned."""
+    pubsub = redis.pubsub()
+    await pubsub.subscribe(key)
+    deadline = asyncio.get_running_loop().time() + wait_s
+    while (raw := await redis.get(key)) is None and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.1)
+    if raw is not None:
+        apply(Published.from_json(raw))
+
+    async def run() -> None:
+        async for msg in pubsub.listen():
+            if msg["type"] == "message":
+                apply(Published.from_json(msg["data"]))
+
+    return asyncio.create_task(run())

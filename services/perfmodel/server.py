@@ -1,0 +1,142 @@
+"""Perf-model service: samples stream in, coefficients out (Redis key + pub/sub + gRPC).
+
+Reads every batch the executors append (``XREAD``), keeps the regression's
+sliding window, refits every ``--refit-interval`` seconds when new samples
+arrived, and publishes. ``WatchCoefficients`` streams each new fit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import redis.asyncio as aioredis
+
+from sloserve.batch import BatchSample
+from sloserve.perf.hardware import get_hardware
+from sloserve.perf.models import get_model
+from sloserve.perf.regression import AscendraRegression
+from sloserve.services import obs, rpc
+from sloserve.services.convert import shape_of
+from sloserve.services.perfmodel import samples
+from sloserve.services.perfmodel.coefficients import Published
+from sloserve.services.proto import SERVICE_NAMES, perfmodel_grpc, perfmodel_pb2
+from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+
+WINDOW = 4096
+
+
+class PerfModelService(perfmodel_grpc.PerfModelServicer):
+    def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys) -> None:
+        self.reg = AscendraRegression(get_model(model), get_hardware(gpu), window=WINDOW,
+                                      refit_every=10**9)  # refit on our timer, not per sample
+        self.model, self.gpu = model, gpu
+        self.redis, self.keys = redis, keys
+        self.window: list[BatchSample] = []
+        self.current = self._published(0)
+        self._watchers: set[asyncio.Queue[Published]] = set()
+        self.log = obs.setup_logging("perfmodel")
+
+    def _published(self, version: int) -> Published:
+        mape = self.reg.mape(self.window[-WINDOW:]) if self.window else 0.0
+        return Published(list(self.reg.coefficients), version, self.reg.num_samples, time.time(),
+                         self.model, self.gpu, mape)
+
+    # --- gRPC ---------------------------------------------------------------
+    async def GetCoefficients(
+        self, request: perfmodel_pb2.CoefficientsRequest, context: grpc.aio.ServicerContext
+    ) -> perfmodel_pb2.Coefficients:
+        return self.current.to_proto()
+
+    async def WatchCoefficients(
+        self, request: perfmodel_pb2.CoefficientsRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[perfmodel_pb2.Coefficients]:
+        q: asyncio.Queue[Published] = asyncio.Queue()
+        self._watchers.add(q)
+        try:
+            yield self.current.to_proto()
+            while True:
+                yield (await q.get()).to_proto()
+        finally:
+            self._watchers.discard(q)
+
+    async def Predict(
+        self, request: perfmodel_pb2.PredictRequest, context: grpc.aio.ServicerContext
+    ) -> perfmodel_pb2.PredictResponse:
+        try:
+            shape = shape_of(request.shape)
+        except ValueError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"shape: {exc}")
+        return perfmodel_pb2.PredictResponse(
+            duration_s=self.reg.predict(shape), version=self.current.version
+        )
+
+    # --- loops ----------------------------------------------------------------
+    async def consume(self, refit_interval: float) -> None:
+        last_id = "0"
+        next_fit = time.monotonic()
+        fresh = 0
+        while True:
+            block_ms = max(1, int((next_fit - time.monotonic()) * 1000))
+            reply = await self.redis.xread({self.keys.samples: last_id}, count=5000, block=block_ms)
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    sample = samples.decode(fields)
+                    self.reg.observe(sample)
+                    self.window.append(sample)
+                    fresh += 1
+            del self.window[:-WINDOW]
+            if time.monotonic() >= next_fit:
+                next_fit = time.monotonic() + refit_interval
+                if fresh:
+                    fresh = 0
+                    await self._refit()
+
+    async def _refit(self) -> None:
+        self.reg.refit()
+        self.current = self._published(self.current.version + 1)
+        raw = self.current.to_json()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.coefficients, raw)
+            pipe.publish(self.keys.coefficients, raw)
+            await pipe.execute()
+        for q in self._watchers:
+            q.put_nowait(self.current)
+        self.log.info("refit", version=self.current.version, samples=self.reg.num_samples,
+                      mape=round(self.current.mape, 4), coefficients=self.current.values)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    redis = aioredis.Redis.from_url(args.redis_url)
+    svc = PerfModelService(args.model, args.gpu, redis, Keys(args.prefix))
+    server, _ = await rpc.start_server(
+        args.host, args.port, SERVICE_NAMES["perfmodel"],
+        lambda s: perfmodel_grpc.add_PerfModelServicer_to_server(svc, s),
+    )
+    obs.start_metrics(args.metrics_port)
+    task = asyncio.create_task(svc.consume(args.refit_interval))
+    svc.log.info("serving", port=args.port, model=args.model, gpu=args.gpu)
+    await rpc.serve_until_signal(server, [task])
+    await redis.aclose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sloserve.services.perfmodel")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--gpu", default="a100")
+    p.add_argument("--refit-interval", type=float, default=1.0, help="seconds between refits")
+    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    p.add_argument("--prefix", default="sloserve")
+    p.add_argument("--metrics-port", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(build_parser().parse_args(argv)))
+    return 0

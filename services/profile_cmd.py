@@ -1,0 +1,195 @@
+"""``sloserve profile``: measure the torch executor's batch times and fit Ascendra's regression.
+
+vLLM-style profiling run on the real engine: a sweep of prefill-only,
+decode-only and mixed batches with varied context, each timed ``--repeats``
+times; the sample is the fastest run (as ``timeit``: slower runs measure
+other processes competing for the cores, not the batch). The device's peak FLOP/s and
+memory bandwidth are measured first by a matmul / copy microbenchmark and
+registered as ``Hardware`` (``cpu`` or ``cuda``) so the regression's tM/tF
+are real roofline seconds (Ascendra §3.3). 80 % of the samples train the
+regression, 20 % are held out for ``mape_holdout``. ``--out FILE`` saves the
+samples (with the hardware) for ``sloserve simulate --timing-profile FILE``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+from typing import Any
+
+from sloserve.batch import BatchSample, BatchShape
+from sloserve.perf.hardware import Hardware, register_hardware
+from sloserve.perf.measured import MeasuredTiming, save_samples
+from sloserve.perf.regression import AscendraRegression
+
+_PREFILL_CHUNKS = (8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
+_PREFILL_CTX = (0, 128, 512, 1024, 4096)
+_DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_DECODE_CTX = (16, 64, 256, 1024, 4096)
+_MIXED_CHUNKS = (16, 64, 128, 256, 512, 2048)
+_MIXED_DECODES = (1, 4, 16, 32, 128)
+
+
+def _int_at_least(low: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+        return value
+
+    return parse
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "profile", help="time batch shapes on the torch executor and fit the Ascendra regression"
+    )
+    p.add_argument("--backend", choices=("torch",), default="torch")
+    p.add_argument("--model", default="tiny", help="preset (tiny, smollm2-135m, llama-3-8b, ...)")
+    p.add_argument("--weights", default=None, help="HF directory or .gguf (default: random init)")
+    p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    p.add_argument("--dtype", default=None, help="float32 (cpu default) | bfloat16 (cuda default)")
+    p.add_argument("--max-tokens", type=_int_at_least(8), default=None,
+                   help="largest batch in tokens (default 512 on cpu, 4096 on cuda)")
+    p.add_argument("--max-context", type=_int_at_least(16), default=None,
+                   help="largest context (default 1024 on cpu, 4096 on cuda)")
+    p.add_argument("--repeats", type=_int_at_least(1), default=5,
+                   help="timings per shape; the fastest is kept")
+    p.add_argument("--threads", type=_int_at_least(1), default=None, help="torch CPU threads")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="save the samples (JSON) to FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def sweep_shapes(max_tokens: int, max_context: int, seed: int) -> list[BatchShape]:
+    """Prefill-only, decode-only and mixed shapes within the token and context caps.
+
+    Contexts are jittered (+-50 %, seeded) so the samples do not sit on one grid line.
+    """
+    rng = random.Random(seed)
+
+    def ctx(mean: int, room: int) -> int:
+        return max(0, min(int(mean * rng.uniform(0.5, 1.5)), max_context - room))
+
+    shapes: list[BatchShape] = []
+    for c in (c for c in _PREFILL_CHUNKS if c <= min(max_tokens, max_context)):
+        for mean in (m for m in _PREFILL_CTX if m <= max_context):
+            shapes.append(BatchShape(prefills=((c, ctx(mean, c)),)))
+        if 2 * c <= max_tokens:
+            shapes.append(BatchShape(prefills=((c, 0), (c, ctx(256, c)))))
+    for b in (b for b in _DECODE_BATCH if b <= max_tokens):
+        for mean in (m for m in _DECODE_CTX if m <= max_context):
+            for _ in range(2):
+                shapes.append(BatchShape(decodes=tuple(ctx(mean, 1) for _ in range(b))))
+    for c in (c for c in _MIXED_CHUNKS if c <= max_context):
+        for b in (b for b in _MIXED_DECODES if c + b <= max_tokens):
+            for mean in (128, 512):
+                shapes.append(BatchShape(prefills=((c, ctx(mean, c)),),
+                                         decodes=tuple(ctx(mean, 1) for _ in range(b))))
+    return shapes
+
+
+def measure_hardware(device: str, dtype: str) -> Hardware:
+    """Peak FLOP/s (square matmul) and memory bandwidth (tensor copy), best of 5 each."""
+    import torch
+
+    from sloserve.model.engine import DTYPES
+
+    dev = torch.device(device)
+    dt = DTYPES[dtype]
+
+    def best(fn: Any) -> float:
+        fn()
+        times = []
+        for _ in range(5):
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            start = time.perf_counter()
+            fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    n = 1024 if dev.type == "cpu" else 8192
+    a = torch.randn(n, n, device=dev).to(dt)
+    flops = 2 * n**3 / best(lambda: a @ a)
+    src = torch.empty(2**24 if dev.type == "cpu" else 2**28, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    src.fill_(1.0)
+    dst.fill_(0.0)
+    bandwidth = 2 * src.numel() * 4 / best(lambda: dst.copy_(src))
+    if dev.type == "cuda":
+        mem = float(torch.cuda.get_device_properties(dev).total_memory)
+    else:
+        mem = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return Hardware(dev.type, flops, bandwidth, mem)
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from sloserve.model.engine import TorchEngine
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = args.device.startswith("cuda")
+    dtype = args.dtype or ("bfloat16" if cuda else "float32")
+    max_tokens = args.max_tokens or (4096 if cuda else 512)
+    engine = TorchEngine(args.model, weights=args.weights, device=args.device, dtype=dtype,
+                         seed=args.seed, max_num_batched_tokens=max_tokens)
+    max_context = min(args.max_context or (4096 if cuda else 1024),
+                      engine.config.shape.max_context - 1)
+    capacity = engine.num_blocks * engine.block_size
+    shapes = [
+        s for s in sweep_shapes(max_tokens, max_context, args.seed)
+        if sum(c + l + engine.block_size for c, l in s.prefills)
+        + sum(d + 1 + engine.block_size for d in s.decodes) <= capacity
+    ]
+    hw = measure_hardware(args.device, dtype)
+    register_hardware(hw)
+    for shape in shapes[:: max(1, len(shapes) // 8)]:  # warm-up: allocator, kernels, caches
+        engine.profile_batch(shape)
+    samples = [
+        BatchSample(s, min(engine.profile_batch(s) for _ in range(args.repeats)))
+        for s in shapes
+    ]
+    order = list(range(len(samples)))
+    random.Random(args.seed).shuffle(order)
+    cut = int(0.8 * len(order))
+    train = [samples[i] for i in order[:cut]]
+    holdout = [samples[i] for i in order[cut:]]
+    reg = AscendraRegression(engine.perf_shape, hw)
+    reg.fit(train)
+    decode8 = BatchShape(decodes=(128,) * 8)
+    decode8_time = min(engine.profile_batch(decode8) for _ in range(args.repeats))
+    result: dict[str, Any] = {
+        "samples": len(samples),
+        "mape_holdout": reg.mape(holdout),
+        "coefficients": list(reg.coefficients),
+        "model": engine.config.name,
+        "device": args.device,
+        "dtype": dtype,
+        "threads": torch.get_num_threads(),
+        "weights_loaded": engine.weights_loaded,
+        "hardware": {"peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth},
+        "measured_fit_mape_holdout": MeasuredTiming(train, noise_cv=0.0).mape(holdout),
+        "decode8_tokens_per_s": 8 / decode8_time,
+        "samples_file": None,
+    }
+    if args.out:
+        save_samples(args.out, samples, hw, model=engine.config.name, device=args.device,
+                     dtype=dtype, threads=torch.get_num_threads())
+        result["samples_file"] = args.out
+    if args.json:
+        print(json.dumps(result))
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0

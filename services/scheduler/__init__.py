@@ -1,0 +1,1 @@
+"""Scheduler service: one per instance, hosting one policy from ``sloserve.policies``."""

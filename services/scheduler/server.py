@@ -1,0 +1,386 @@
+"""Scheduler service: drives one ``sloserve.instance.Instance`` in real time.
+
+Each iteration: ``instance.schedule(now)`` (the policy decides) -> the plan
+goes down the executor stream -> its ``IterationResult`` comes back ->
+``instance.complete(plan, end_time, stopped)`` -> tokens, offloads, drops and
+the instance state go up the gateway stream in one message. This file makes
+no scheduling decision; it moves messages and persists state (``state.py``).
+
+Restart: accepted requests are reloaded from Redis and re-queued as waiting
+(running ones recompute, vLLM's preemption semantics). When the gateway
+reconnects its ``Hello`` lists its in-flight requests: known ones resume
+(tokens the gateway lacks are replayed), unknown ones are admitted afresh
+with the tokens the gateway already has, and unlisted ones are cancelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import redis.asyncio as aioredis
+from prometheus_client import Gauge, Histogram
+
+from sloserve.batch import BatchPlan
+from sloserve.instance import Instance
+from sloserve.kv import BlockManager
+from sloserve.perf.base import PerfModel
+from sloserve.policies import PolicyConfig, make_policy
+from sloserve.request import Request
+from sloserve.services import obs, rpc
+from sloserve.services.convert import request_of
+from sloserve.services.perfmodel.coefficients import Published, follow
+from sloserve.services.proto import (
+    SERVICE_NAMES,
+    common_pb2,
+    executor_grpc,
+    executor_pb2,
+    scheduler_grpc,
+    scheduler_pb2,
+)
+from sloserve.services.scheduler.state import RequestStore
+from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+
+IDLE_POLL_S = 0.002  # re-ask the policy this often while it holds work but plans nothing
+DROP_REASON = "dropped by the policy under overload (Ascendra §6.3)"
+
+ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
+OVERHEAD = Histogram(
+    "sloserve_iteration_overhead_seconds", "Per-iteration service overhead", ["instance"],
+    buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
+)
+QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
+
+
+@dataclass(slots=True)
+class Record:
+    spec: common_pb2.RequestSpec
+    req: Request
+    tokens: list[int]
+    on_executor: bool = False  # the executor has this sequence (NewSequence sent)
+
+
+class SchedulerService(scheduler_grpc.SchedulerServicer):
+    def __init__(
+        self, instance: Instance, store: RequestStore, policy: str,
+        executor: executor_pb2.ExecutorDescription,
+    ) -> None:
+        self.instance, self.store, self.policy_name, self.executor = (
+            instance, store, policy, executor)
+        self.records: dict[str, Record] = {}
+        self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
+        self.freed: list[str] = []
+        self.wake = asyncio.Event()
+        self.need_tables = executor.backend != "sim"
+        self.iterations = 0
+        self.overhead: deque[float] = deque(maxlen=5000)
+        self.schedule_time: deque[float] = deque(maxlen=5000)
+        self.coefficients = Published([], 0, 0, 0.0, "", "", 0.0)
+        self.log = obs.setup_logging("scheduler").bind(instance=instance.instance_id)
+        iid = instance.instance_id
+        self._m_iter, self._m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
+        self._m_wait, self._m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+
+    # --- requests ---------------------------------------------------------------
+    def admit(self, spec: common_pb2.RequestSpec, now: float, persist: bool = True) -> None:
+        """A submission: resume it if known, else add it to the instance."""
+        rid = spec.request_id
+        rec = self.records.get(rid)
+        if rec is not None:  # the gateway re-announced it: replay what it lacks
+            have = len(spec.generated_token_ids)
+            out = scheduler_pb2.SchedulerOutput()
+            for k in range(have, len(rec.tokens)):
+                out.tokens.add(request_id=rid, index=k, token_id=rec.tokens[k], time=now)
+            self._send(out)
+            return
+        try:
+            req = request_of(spec)
+            self.instance.add_request(req, now)
+        except ValueError as exc:
+            self._send(scheduler_pb2.SchedulerOutput(
+                dropped=[scheduler_pb2.Drop(request_id=rid, reason=str(exc))]))
+            return
+        self.records[rid] = Record(spec, req, list(spec.generated_token_ids))
+        if persist:
+            self.store.accept(spec)
+        self.wake.set()
+
+    def cancel(self, request_id: str, now: float) -> None:
+        if self.instance.cancel(request_id, now) is not None:
+            self._release(request_id)
+
+    def _release(self, request_id: str) -> None:
+        rec = self.records.pop(request_id)
+        if rec.on_executor:
+            self.freed.append(request_id)
+        self.store.forget(request_id)
+
+    def restore(self, saved: list[tuple[common_pb2.RequestSpec, list[int]]]) -> None:
+        now = time.time()
+        for spec, tokens in saved:
+            if len(tokens) >= spec.max_tokens:  # finished before the crash was recorded
+                self.store.forget(spec.request_id)
+                continue
+            del spec.generated_token_ids[:]
+            spec.generated_token_ids.extend(tokens)
+            self.admit(spec, now, persist=False)
+        self.log.info("restored", requests=len(self.records))
+
+    # --- gateway stream ------------------------------------------------------------
+    async def Connect(
+        self, request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "hello":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                "hello: the first message on Connect must be a Hello")
+        q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] = asyncio.Queue()
+        if self.outq is not None:
+            self.outq.put_nowait(None)  # one gateway at a time: the newest wins
+        self.outq = q
+        self._hello(first.hello)
+        reader = asyncio.create_task(self._read(request_iterator, q))
+        try:
+            while (msg := await q.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            if self.outq is q:
+                self.outq = None
+
+    def _hello(self, hello: scheduler_pb2.Hello) -> None:
+        now = time.time()
+        listed = {s.request_id for s in hello.inflight}
+        for rid in [r for r in self.records if r not in listed]:
+            self.cancel(rid, now)
+        for spec in hello.inflight:
+            self.admit(spec, now)
+        self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
+
+    async def _read(
+        self, it: AsyncIterator[scheduler_pb2.SchedulerInput],
+        q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None],
+    ) -> None:
+        try:
+            async for msg in it:
+                kind = msg.WhichOneof("kind")
+                if kind == "submit":
+                    self.admit(msg.submit, time.time())
+                elif kind == "cancel":
+                    self.cancel(msg.cancel, time.time())
+        finally:
+            q.put_nowait(None)
+
+    def _send(self, out: scheduler_pb2.SchedulerOutput) -> None:
+        if self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
+            self.outq.put_nowait(out)
+
+    async def Status(
+        self, request: scheduler_pb2.StatusRequest, context: grpc.aio.ServicerContext
+    ) -> scheduler_pb2.SchedulerStatus:
+        inst = self.instance
+        o50, o99 = _pcts(self.overhead)
+        s50, s99 = _pcts(self.schedule_time)
+        return scheduler_pb2.SchedulerStatus(
+            instance_id=inst.instance_id, role=inst.role, policy=self.policy_name,
+            num_waiting=len(inst.waiting), num_running=len(inst.running),
+            kv_free_blocks=inst.kv.num_free_blocks, iterations=self.iterations,
+            overhead_p50_s=o50, overhead_p99_s=o99, schedule_p50_s=s50, schedule_p99_s=s99,
+            executor=self.executor, coefficients=self.coefficients.values,
+            coefficients_version=self.coefficients.version,
+        )
+
+    # --- the iteration loop ----------------------------------------------------------
+    def _state(self, now: float) -> scheduler_pb2.InstanceState:
+        inst = self.instance
+        self._m_wait.set(len(inst.waiting))
+        self._m_run.set(len(inst.running))
+        return scheduler_pb2.InstanceState(
+            instance_id=inst.instance_id, num_waiting_prefills=inst.num_waiting_prefills, time=now)
+
+    def _plan_msg(self, plan: BatchPlan) -> executor_pb2.BatchPlan:
+        self.iterations += 1
+        msg = executor_pb2.BatchPlan(iteration=self.iterations, freed=self.freed)
+        self.freed = []
+        kv = self.instance.kv
+        for it in plan.items:
+            rec = self.records[it.request_id]
+            req = rec.req
+            item = msg.items.add(
+                request_id=it.request_id, num_tokens=it.num_tokens, context_len=it.context_len,
+                is_prefill=it.is_prefill,
+                samples_token=it.context_len + it.num_tokens >= req.num_tokens,
+                token_index=req.num_generated,
+            )
+            if self.need_tables:
+                item.block_table.extend(kv.block_table(it.request_id))
+            if not rec.on_executor:
+                rec.on_executor = True
+                msg.added.add(request_id=it.request_id, prompt_token_ids=rec.spec.prompt_token_ids,
+                              generated_token_ids=rec.tokens, max_tokens=rec.spec.max_tokens)
+        msg.preempted.extend(r for r in plan.preempted if self.records[r].on_executor)
+        return msg
+
+    def _apply(
+        self, plan: BatchPlan, res: executor_pb2.IterationResult, end: float,
+        out: scheduler_pb2.SchedulerOutput,
+    ) -> None:
+        sampled = {t.request_id: t.token_id for t in res.tokens}
+        stopped = set(res.stopped)
+        events = self.instance.complete(plan, end, stopped)
+        appended: dict[str, int] = {}
+        for ev in events:
+            rec = self.records[ev.request_id]
+            tok = sampled[ev.request_id]
+            rec.tokens.append(tok)
+            appended[ev.request_id] = tok
+            out.tokens.add(request_id=ev.request_id, index=ev.index, token_id=tok, time=end,
+                           finished=ev.finished, stopped=ev.request_id in stopped)
+        if appended:
+            self.store.append_tokens(appended)
+        for ev in events:
+            if ev.finished:
+                self._release(ev.request_id)
+
+    async def run(self, executor: executor_grpc.ExecutorStub) -> None:
+        call = executor.Execute()
+        inst = self.instance
+        prev_recv: float | None = None  # end of the previous busy iteration
+        while True:
+            if not inst.has_work:
+                self._send(scheduler_pb2.SchedulerOutput(state=self._state(time.time())))
+                prev_recv = None
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            t0 = time.perf_counter()
+            now = time.time()
+            plan, offloaded, dropped = inst.schedule(now)
+            t1 = time.perf_counter()
+            out = scheduler_pb2.SchedulerOutput()
+            for req in offloaded:
+                self._release(req.request_id)
+                out.offloaded.append(req.request_id)
+            for req in dropped:
+                self._release(req.request_id)
+                out.dropped.add(request_id=req.request_id, reason=DROP_REASON)
+            if plan.is_empty:
+                out.state.CopyFrom(self._state(now))
+                self._send(out)
+                prev_recv = None
+                self.wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), IDLE_POLL_S)
+                continue
+            await call.write(self._plan_msg(plan))
+            res = await call.read()
+            if res is grpc.aio.EOF:
+                raise ConnectionError("executor: the Execute stream ended")
+            t_recv = time.perf_counter()
+            end = time.time()
+            self._apply(plan, res, end, out)
+            out.state.CopyFrom(self._state(end))
+            self._send(out)
+            self.schedule_time.append(t1 - t0)
+            self._m_iter.observe(res.duration_s)
+            if prev_recv is not None:
+                over = t_recv - prev_recv - res.duration_s
+                self.overhead.append(over)
+                self._m_over.observe(over)
+            prev_recv = t_recv
+
+
+def _pcts(xs: deque[float]) -> tuple[float, float]:
+    if not xs:
+        return 0.0, 0.0
+    p50, p99 = np.percentile(np.fromiter(xs, float), (50, 99))
+    return float(p50), float(p99)
+
+
+async def _describe(stub: executor_grpc.ExecutorStub, timeout: float) -> executor_pb2.ExecutorDescription:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await stub.Describe(executor_pb2.DescribeRequest(), timeout=2.0)
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+def _perf_model(desc: executor_pb2.ExecutorDescription) -> PerfModel:
+    """Ascendra's regression for the executor's model and hardware (roofline until fitted)."""
+    from sloserve.perf.hardware import get_hardware
+    from sloserve.perf.models import get_model
+    from sloserve.perf.regression import AscendraRegression
+
+    return AscendraRegression(get_model(desc.model), get_hardware(desc.hardware))
+
+
+async def serve(args: argparse.Namespace) -> None:
+    redis = aioredis.Redis.from_url(args.redis_url)
+    keys = Keys(args.prefix)
+    executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
+    desc = await _describe(executor, args.connect_timeout)
+    perf_model = _perf_model(desc)
+    policy = make_policy(
+        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs))
+    instance = Instance(
+        args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
+        perf_model, role=args.role,
+    )
+    store = RequestStore(redis, keys, args.instance_id)
+    svc = SchedulerService(instance, store, args.policy, desc)
+
+    def apply(c: Published) -> None:
+        perf_model.set_coefficients(c.values)  # type: ignore[attr-defined]
+        svc.coefficients = c
+
+    follower = await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait)
+    svc.restore(await store.restore())
+    server, _ = await rpc.start_server(
+        args.host, args.port, SERVICE_NAMES["scheduler"],
+        lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
+    )
+    obs.start_metrics(args.metrics_port)
+    tasks = [asyncio.create_task(svc.run(executor)), asyncio.create_task(store.flush_forever()),
+             follower]
+    svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,
+                 kv_blocks=desc.kv_capacity_blocks, coefficients=svc.coefficients.version)
+    try:
+        await rpc.serve_until_signal(server, tasks)
+    finally:
+        await asyncio.wait_for(store.flush(), 2.0)
+        await redis.aclose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sloserve.services.scheduler")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--role", default="lp", choices=("lp", "hp"))
+    p.add_argument("--policy", default="sarathi", help="registered policy name")
+    p.add_argument("--token-budget", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--executor", required=True, help="executor address host:port")
+    p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--coefficients-wait", type=float, default=20.0,
+                   help="seconds to wait at startup for the perf model's first fit")
+    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+    p.add_argument("--prefix", default="sloserve")
+    p.add_argument("--metrics-port", type=int, default=0)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    asyncio.run(serve(build_parser().parse_args(argv)))
+    return 0

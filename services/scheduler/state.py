@@ -1,0 +1,91 @@
+"""A scheduler's durable state in Redis: accepted requests and their generated tokens.
+
+* ``inst:<instance>:req:<id>``: the ``RequestSpec`` (protobuf bytes) of each accepted request;
+* ``inst:<instance>:tok:<id>``: its generated token ids, appended per iteration;
+* ``inst:<instance>:queue``: the instance's accepted, unfinished ids by arrival.
+
+Writes are queued and sent as one pipeline by a background task, in order, so
+the iteration loop never waits on Redis. A write lost in a crash is harmless:
+the gateway re-announces its in-flight requests on reconnect (``Hello``) and
+token indices make replays idempotent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from sloserve.services.proto import common_pb2
+from sloserve.services.store import Keys
+
+Op = Callable[[Pipeline], object]
+
+
+class RequestStore:
+    def __init__(self, redis: aioredis.Redis, keys: Keys, instance_id: str) -> None:
+        self.redis, self.keys, self.instance_id = redis, keys, instance_id
+        self._ops: list[Op] = []
+        self._wanted = asyncio.Event()
+
+    async def restore(self) -> list[tuple[common_pb2.RequestSpec, list[int]]]:
+        """Every accepted, unfinished request of this instance, by arrival."""
+        ids = await self.redis.zrange(self.keys.queue(self.instance_id), 0, -1)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for rid in ids:
+                pipe.get(self.keys.request(self.instance_id, rid.decode()))
+                pipe.lrange(self.keys.tokens(self.instance_id, rid.decode()), 0, -1)
+            raw = await pipe.execute()
+        out = []
+        for spec_raw, toks in zip(raw[::2], raw[1::2]):
+            if spec_raw is not None:
+                out.append((common_pb2.RequestSpec.FromString(spec_raw), [int(t) for t in toks]))
+        return out
+
+    # --- queued writes ---------------------------------------------------------
+    def _queue(self, op: Op) -> None:
+        self._ops.append(op)
+        self._wanted.set()
+
+    def accept(self, spec: common_pb2.RequestSpec) -> None:
+        rid, k, i = spec.request_id, self.keys, self.instance_id
+        raw = spec.SerializeToString()
+
+        def op(p: Pipeline) -> None:
+            p.set(k.request(i, rid), raw)
+            p.delete(k.tokens(i, rid))
+            if spec.generated_token_ids:
+                p.rpush(k.tokens(i, rid), *spec.generated_token_ids)
+            p.zadd(k.queue(self.instance_id), {rid: spec.arrival_time})
+
+        self._queue(op)
+
+    def append_tokens(self, tokens: dict[str, int]) -> None:
+        k, i = self.keys, self.instance_id
+        self._queue(lambda p: [p.rpush(k.tokens(i, r), t) for r, t in tokens.items()])
+
+    def forget(self, request_id: str) -> None:
+        k, i = self.keys, self.instance_id
+
+        def op(p: Pipeline) -> None:
+            p.delete(k.request(i, request_id), k.tokens(i, request_id))
+            p.zrem(k.queue(self.instance_id), request_id)
+
+        self._queue(op)
+
+    async def flush(self) -> None:
+        """Send every queued write as one pipeline."""
+        ops, self._ops = self._ops, []
+        if ops:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for op in ops:
+                    op(pipe)
+                await pipe.execute()
+
+    async def flush_forever(self) -> None:
+        while True:
+            await self._wanted.wait()
+            self._wanted.clear()
+            await self.flush()

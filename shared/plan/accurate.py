@@ -1,0 +1,116 @@
+"""Accurate mode: the same Algorithm 8/9 search, but every feasibility check runs our
+per-iteration discrete-event simulator (``sloserve.sim``) with a real policy.
+
+What differs from the fast mode is the *scheduling* simulation: token-level
+continuous batching, KV blocks and preemption, chunked prefills, the policy's
+own decisions -- instead of BestServe's per-request pseudo batch size (eq. 9).
+The *cost model* is the same BestServe Estimator whenever the model/GPU has no
+real profile (``timing_source``), so fast-versus-accurate gaps measure the
+fast simulators' approximations only. Disaggregated strategies have no
+counterpart in the per-iteration simulator and stay fast-only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+
+from sloserve.perf.base import TimingSource
+from sloserve.perf.profiles import available_profiles
+from sloserve.plan.estimator import BestServeTiming, Estimator
+from sloserve.plan.optimizer import FastEvaluator, Scenario, SearchConfig, StrategyResult, evaluate
+from sloserve.plan.strategies import COLLOCATED, Strategy
+from sloserve.policies.base import PolicyConfig
+
+
+def timing_source(scenario: Scenario, tp: int, config: SearchConfig,
+                  ground_truth: str = "auto") -> TimingSource | None:
+    """``None`` (the simulator's real-profile ground truth) when ``ground_truth="auto"``
+    and a profile exists for this model/GPU at TP 1; the BestServe Estimator otherwise."""
+    if ground_truth not in ("auto", "estimator"):
+        raise ValueError(f"ground_truth: must be 'auto' or 'estimator', got {ground_truth!r}")
+    key = (scenario.model.name, scenario.hw.name)
+    if ground_truth == "auto" and tp == 1 and key in available_profiles():
+        return None
+    return BestServeTiming(Estimator(scenario.model, scenario.hw, tp, config.estimator))
+
+
+def policy_variants(base: Strategy, policies: Iterable[str],
+                    token_budgets: Sequence[int] = (512, 2048)) -> list[Strategy]:
+    """Our policies as strategy dimensions on one collocated ``xm`` deployment: sarathi
+    once per token budget, ascendra with one of the ``m`` instances as HP (``m >= 2``)."""
+    if base.architecture != COLLOCATED:
+        raise ValueError("strategy: policies apply to collocated strategies only")
+    out: list[Strategy] = []
+    for policy in policies:
+        if policy == "sarathi":
+            out += [replace(base, policy=policy, token_budget=b) for b in token_budgets]
+        elif policy == "ascendra":
+            if base.instances >= 2:
+                out.append(replace(base, policy=policy, hp_instances=1))
+        else:
+            out.append(replace(base, policy=policy))
+    return out
+
+
+class AccurateEvaluator:
+    """``p90(strategy, λ)`` from ``sloserve.sim.simulate`` (P90 TTFT, P90 per-request mean TBT)."""
+
+    def __init__(self, scenario: Scenario, config: SearchConfig | None = None,
+                 num_requests: int = 200, ground_truth: str = "auto") -> None:
+        if num_requests < 1:
+            raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
+        self.scenario = scenario
+        self.config = config or SearchConfig()
+        self.num_requests = num_requests
+        self.ground_truth = ground_truth
+        self.fast = FastEvaluator(scenario, self.config)
+        self._timing: dict[int, TimingSource | None] = {}
+
+    def timing(self, tp: int) -> TimingSource | None:
+        if tp not in self._timing:
+            self._timing[tp] = timing_source(self.scenario, tp, self.config, self.ground_truth)
+        return self._timing[tp]
+
+    def timing_name(self, tp: int) -> str:
+        return "real-profile" if self.timing(tp) is None else "bestserve-estimator"
+
+    def p90(self, strategy: Strategy, lam: float) -> tuple[float, float]:
+        from sloserve.sim.config import SimConfig
+        from sloserve.sim.simulator import simulate
+
+        if strategy.architecture != COLLOCATED:
+            raise ValueError(f"strategy: {strategy.name} is disaggregated; the per-iteration "
+                             "simulator has no prefill/decode split, use the fast mode")
+        sc = self.scenario
+        budget = strategy.token_budget or PolicyConfig().token_budget
+        cfg = SimConfig(
+            policy=strategy.policy, model=sc.model.name, gpu=sc.hw.name,
+            instances=strategy.instances, hp_instances=strategy.hp_instances, tp=strategy.tp,
+            trace=sc.trace if sc.fixed_lengths is None else None, trace_file=sc.trace_file,
+            fixed_lengths=sc.fixed_lengths, qps=lam, num_requests=self.num_requests,
+            ttft_slo=sc.ttft_slo, tbt_slo=sc.tpot_slo, seed=sc.seed,
+            timing=self.timing(strategy.tp),
+            policy_config=PolicyConfig(token_budget=budget, max_num_seqs=strategy.max_batch_size,
+                                       max_num_batched_tokens=self.config.max_batch_tokens),
+        )
+        out = simulate(cfg)
+        ttft, tpot = out.get("ttft_p90"), out.get("mean_tbt_p90")
+        return (float("inf") if ttft is None else float(ttft),
+                float("inf") if tpot is None else float(tpot))
+
+    def evaluate(self, strategy: Strategy) -> StrategyResult:
+        return evaluate(strategy, self.p90, self.fast.t_min(strategy), self.scenario,
+                        self.config, "accurate")
+
+
+def plan_accurate(fast_results: Sequence[StrategyResult], evaluator: AccurateEvaluator,
+                  top: int = 5, policies: Iterable[str] = ("vllm",),
+                  token_budgets: Sequence[int] = (512, 2048)) -> list[StrategyResult]:
+    """Re-evaluate the ``top`` best collocated deployments of a fast plan (ranked
+    ``fast_results``) under each policy variant in the per-iteration simulator."""
+    if top < 1:
+        raise ValueError(f"top: must be >= 1, got {top}")
+    bases = [r.strategy for r in fast_results if r.strategy.architecture == COLLOCATED][:top]
+    return [evaluator.evaluate(v) for b in bases
+            for v in policy_variants(b, policies, token_budgets)]

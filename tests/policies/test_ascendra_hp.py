@@ -1,0 +1,89 @@
+"""Ascendra HP instance (§6): prefill first, FCFS, elastic batch, never offloads."""
+
+from __future__ import annotations
+
+from helpers import make_instance, req
+
+from sloserve.instance import Instance
+
+
+def hp(num_blocks: int = 1000, **knobs: object) -> Instance:
+    return make_instance("ascendra-hp", num_blocks=num_blocks, role="hp", **knobs)
+
+
+def test_prefers_a_waiting_prefill_over_running_decodes() -> None:
+    inst = hp()
+    inst.add_request(req("dec", 10, output=50), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    inst.complete(plan, 0.01)
+    inst.add_request(req("new", 100, arrival=0.01), 0.01)
+    plan, _, _ = inst.schedule(0.01)
+    assert [(i.request_id, i.num_tokens, i.is_prefill) for i in plan.items] == [("new", 100, True)]
+    inst.complete(plan, 0.02)
+    plan, _, _ = inst.schedule(0.02)  # no prefill left: decode-only
+    assert sorted(i.request_id for i in plan.items) == ["dec", "new"]
+    assert not any(i.is_prefill for i in plan.items)
+
+
+def test_admits_prefills_fcfs_whole_and_within_the_worst_batch_tokens() -> None:
+    inst = hp(hp_worst_batch_tokens=2048)
+    for i, p in enumerate((1000, 900, 300, 10)):
+        inst.add_request(req(f"r{i}", p, arrival=0.1 * i, ttft=10.0 - i), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert [(i.request_id, i.num_tokens) for i in plan.items] == [("r0", 1000), ("r1", 900)]
+    inst = hp(hp_worst_batch_tokens=2048)
+    inst.add_request(req("long", 3000), 0.0)
+    inst.add_request(req("short", 10, arrival=0.1), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert [(i.request_id, i.num_tokens) for i in plan.items] == [("long", 3000)]
+
+
+def test_never_offloads_even_hopeless_requests() -> None:
+    inst = hp(num_blocks=100, offload_threshold=1e9)
+    for i in range(20):
+        inst.add_request(req(f"r{i}", 200, output=20, ttft=0.001), 0.0)
+    now = 0.0
+    while inst.has_work:
+        plan, offloaded, dropped = inst.schedule(now)
+        assert offloaded == [] and dropped == [] and plan.offloaded == []
+        now += 0.01
+        inst.complete(plan, now)
+
+
+def test_elastic_admission_stops_when_reserved_decode_memory_would_be_exceeded() -> None:
+    # 100 blocks of 16. Each request: 160-token prompt (10 blocks) + an expected
+    # 320-token decode (20 blocks reserved). 3 fit (90 of 100), the 4th would not.
+    knobs = {"hp_decode_len_prior": 320.0}
+    inst = hp(num_blocks=100, extra=knobs)
+    for i in range(4):
+        inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert [i.request_id for i in plan.items] == ["r0", "r1", "r2"]
+    inst = hp(num_blocks=100, extra={**knobs, "hp_elastic": 0.0})  # ablation: no reservation
+    for i in range(4):
+        inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert len(plan.items) == 4
+
+
+def test_decode_reservation_follows_the_observed_output_lengths() -> None:
+    inst = hp()
+    for i, out in enumerate((2, 4)):
+        inst.add_request(req(f"r{i}", 16, output=out, arrival=0.1 * i), 0.0)
+    now = 0.0
+    while inst.has_work:
+        plan, _, _ = inst.schedule(now)
+        now += 0.01
+        inst.complete(plan, now)
+    assert inst.policy.mean_decode_len == 3.0  # type: ignore[attr-defined]
+
+
+def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> None:
+    for drop_late, expect in ((True, ["late"]), (False, [])):
+        inst = hp(drop_late=drop_late)
+        inst.add_request(req("late", 10, arrival=0.0, ttft=0.5), 0.0)
+        inst.add_request(req("on_time", 10, arrival=0.0, ttft=2.0), 0.0)
+        inst.add_request(req("no_slo", 10, arrival=0.0, ttft=None), 0.0)
+        plan, _, dropped = inst.schedule(1.0)
+        assert [r.request_id for r in dropped] == expect, drop_late
+        assert "on_time" in {i.request_id for i in plan.items}
