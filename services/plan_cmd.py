@@ -151,10 +151,10 @@ def _plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     colours = ["tab:blue" if r["architecture"] == COLLOCATED else "tab:orange" for r in rows]
     ax.bar(x, [r["goodput_per_gpu"] for r in rows], color=colours,
            hatch=None, edgecolor="black", linewidth=0.4)
-    fast_pts = [(i, r["fast_goodput_rps"] / r["gpus"]) for i, r in enumerate(rows)
-                if "fast_goodput_rps" in r]
-    if fast_pts:
-        ax.scatter(*zip(*fast_pts, strict=True), color="red", marker="_", s=300, zorder=3,
+    fast_x = [i for i, r in enumerate(rows) if "fast_goodput_rps" in r]
+    if fast_x:
+        fast_y = [rows[i]["fast_goodput_rps"] / rows[i]["gpus"] for i in fast_x]
+        ax.scatter(fast_x, fast_y, color="red", marker="_", s=300, zorder=3,
                    label="fast-mode estimate")
         ax.legend()
     ax.set_xticks(list(x), names, rotation=45, ha="right")

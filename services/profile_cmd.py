@@ -1,10 +1,15 @@
 """``sloserve profile``: measure the torch executor's batch times and fit Ascendra's regression.
 
 vLLM-style profiling run on the real engine: a sweep of prefill-only,
-decode-only and mixed batches with varied context, each timed ``--repeats``
-times; the sample is the fastest run (as ``timeit``: slower runs measure
-other processes competing for the cores, not the batch). The device's peak FLOP/s and
-memory bandwidth are measured first by a matmul / copy microbenchmark and
+decode-only and mixed batches with varied context, each timed in
+``--repeats`` rounds over the shuffled sweep; the sample is the fastest run
+(as ``timeit``: slower runs measure other processes competing for the cores,
+not the batch, and shuffled rounds keep one busy spell off any shape's runs).
+On CPU the default is one torch thread timed by process CPU time (``--clock
+cpu``): the batch's cost on one core, unaffected by other processes sharing
+the machine; ``--clock wall --threads N`` times a dedicated machine instead.
+The device's peak FLOP/s and memory bandwidth are measured first by a
+matmul / copy microbenchmark and
 registered as ``Hardware`` (``cpu`` or ``cuda``) so the regression's tM/tF
 are real roofline seconds (Ascendra §3.3). 80 % of the samples train the
 regression, 20 % are held out for ``mape_holdout``. ``--out FILE`` saves the
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import time
@@ -61,7 +67,10 @@ def add_parser(subparsers: Any) -> None:
                    help="largest context (default 1024 on cpu, 4096 on cuda)")
     p.add_argument("--repeats", type=_int_at_least(1), default=5,
                    help="timings per shape; the fastest is kept")
-    p.add_argument("--threads", type=_int_at_least(1), default=None, help="torch CPU threads")
+    p.add_argument("--threads", type=_int_at_least(1), default=None,
+                   help="torch CPU threads (default 1 on cpu)")
+    p.add_argument("--clock", choices=("wall", "cpu"), default=None,
+                   help="wall time (cuda default, synchronised) or process CPU time (cpu default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="save the samples (JSON) to FILE")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -137,9 +146,13 @@ def run(args: argparse.Namespace) -> int:
 
     from sloserve.model.engine import TorchEngine
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
+    clock_name = args.clock or ("wall" if cuda else "cpu")
+    if cuda and clock_name == "cpu":
+        raise ValueError("--clock: cpu time does not measure CUDA kernels; use --clock wall")
+    clock = time.perf_counter if clock_name == "wall" else time.process_time
+    if args.threads or not cuda:
+        torch.set_num_threads(args.threads or 1)
     dtype = args.dtype or ("bfloat16" if cuda else "float32")
     max_tokens = args.max_tokens or (4096 if cuda else 512)
     engine = TorchEngine(args.model, weights=args.weights, device=args.device, dtype=dtype,
@@ -156,19 +169,23 @@ def run(args: argparse.Namespace) -> int:
     register_hardware(hw)
     for shape in shapes[:: max(1, len(shapes) // 8)]:  # warm-up: allocator, kernels, caches
         engine.profile_batch(shape)
-    samples = [
-        BatchSample(s, min(engine.profile_batch(s) for _ in range(args.repeats)))
-        for s in shapes
-    ]
+    rng = random.Random(args.seed)
+    best = [math.inf] * len(shapes)
+    for _ in range(args.repeats):  # rounds in shuffled order: a busy spell hits no shape twice
+        order = list(range(len(shapes)))
+        rng.shuffle(order)
+        for i in order:
+            best[i] = min(best[i], engine.profile_batch(shapes[i], clock))
+    samples = [BatchSample(s, t) for s, t in zip(shapes, best)]
     order = list(range(len(samples)))
-    random.Random(args.seed).shuffle(order)
+    rng.shuffle(order)
     cut = int(0.8 * len(order))
     train = [samples[i] for i in order[:cut]]
     holdout = [samples[i] for i in order[cut:]]
     reg = AscendraRegression(engine.perf_shape, hw)
     reg.fit(train)
     decode8 = BatchShape(decodes=(128,) * 8)
-    decode8_time = min(engine.profile_batch(decode8) for _ in range(args.repeats))
+    decode8_time = min(engine.profile_batch(decode8, clock) for _ in range(args.repeats))
     result: dict[str, Any] = {
         "samples": len(samples),
         "mape_holdout": reg.mape(holdout),
@@ -177,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         "device": args.device,
         "dtype": dtype,
         "threads": torch.get_num_threads(),
+        "clock": clock_name,
         "weights_loaded": engine.weights_loaded,
         "hardware": {"peak_flops": hw.peak_flops, "mem_bandwidth": hw.mem_bandwidth},
         "measured_fit_mape_holdout": MeasuredTiming(train, noise_cv=0.0).mape(holdout),
@@ -185,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.out:
         save_samples(args.out, samples, hw, model=engine.config.name, device=args.device,
-                     dtype=dtype, threads=torch.get_num_threads())
+                     dtype=dtype, threads=torch.get_num_threads(), clock=clock_name)
         result["samples_file"] = args.out
     if args.json:
         print(json.dumps(result))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from helpers import make_instance, req, run_until_done
+
 from sloserve.request import RequestStatus
 
 

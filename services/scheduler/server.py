@@ -147,6 +147,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self.outq.put_nowait(None)  # one gateway at a time: the newest wins
         self.outq = q
         self._hello(first.hello)
+        q.put_nowait(scheduler_pb2.SchedulerOutput(state=self._state(time.time())))
         reader = asyncio.create_task(self._read(request_iterator, q))
         try:
             while (msg := await q.get()) is not None:

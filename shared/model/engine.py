@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -261,8 +262,10 @@ class TorchEngine:
             return any(s in text for s in seq.sampling.stop)
         return False
 
-    def profile_batch(self, shape: BatchShape) -> float:
-        """Run one synthetic batch of ``shape`` and return its measured duration (seconds).
+    def profile_batch(
+        self, shape: BatchShape, clock: Callable[[], float] = time.perf_counter
+    ) -> float:
+        """Run one synthetic batch of ``shape``; its duration in seconds of ``clock``.
 
         vLLM's profiling run: dummy token ids, the context counted as already
         cached (its KV content does not change the time), blocks from a private
@@ -284,8 +287,10 @@ class TorchEngine:
                 ids = torch.randint(0, self.config.shape.vocab_size, (ctx + n,), generator=gen)
                 self._seqs[rid] = _Sequence(ids.tolist(), ctx + n, greedy, gen, num_computed=ctx)
                 items.append(ScheduledItem(rid, n, ctx, is_prefill))
-            result = self.execute(BatchPlan(items), {r: kv.block_table(r) for r in kv.holders()})
+            plan, tables = BatchPlan(items), {r: kv.block_table(r) for r in kv.holders()}
+            start = clock()
+            self.execute(plan, tables)
+            return clock() - start
         finally:
             for i in range(len(work)):
                 self.free(f"__profile_{i}")
-        return result.duration_s

@@ -224,7 +224,7 @@ class Estimator:
             raise ValueError(f"tp: {tp} does not divide {model.name}'s {model.num_heads} heads")
         self.model, self.hw, self.tp = model, hw, tp
         self.config = config or EstimatorConfig()
-        self.estimate_time = lru_cache(maxsize=65536)(self._estimate_time)  # §3.3.4
+        self._cached = lru_cache(maxsize=65536)(self._estimate_time)  # §3.3.4
 
     def _time(self, ops: tuple[Op, ...], eff: Efficiency) -> float:
         return sum(op_time(op, self.hw, eff, self.config) for op in ops)
@@ -240,7 +240,8 @@ class Estimator:
             attn_ops += attention_prefill_ops(m, n - b, s2, t)
         if b > 0:
             attn_ops += attention_decode_ops(m, b, ctx, t)
-        norm = ModuleTime("rmsnorm", cfg.dispatch_rmsnorm, self._time(rmsnorm_ops(n, m.hidden_size), eff), 0.0)
+        norm_time = self._time(rmsnorm_ops(n, m.hidden_size), eff)
+        norm = ModuleTime("rmsnorm", cfg.dispatch_rmsnorm, norm_time, 0.0)
         comm = allreduce_time(n, m.hidden_size, t, self.hw, eff, cfg)
         return (
             norm,
@@ -249,6 +250,10 @@ class Estimator:
             ModuleTime("mlp", cfg.dispatch_mlp, self._time(mlp_ops(m, n, t), eff), comm),
         )
 
+    def estimate_time(self, b: int, s: int, s_plus: int, phase: str) -> float:
+        """Algorithm 1, cached by its arguments (§3.3.4)."""
+        return float(self._cached(b, s, s_plus, phase))
+
     def _estimate_time(self, b: int, s: int, s_plus: int, phase: str) -> float:
         """Algorithm 1 for ``b`` requests of length ``s + s_plus`` (cached by arguments).
 
@@ -256,7 +261,8 @@ class Estimator:
         each over ``s + s_plus`` cached tokens (Table 3b: ``s + s_+ = 2048 + 63``).
         """
         if b < 1 or s + s_plus < 1:
-            raise ValueError(f"batch: need b >= 1 and s + s_plus >= 1, got b={b} s={s} s_plus={s_plus}")
+            raise ValueError(f"batch: need b >= 1 and s + s_plus >= 1, got b={b} s={s} "
+                             f"s_plus={s_plus}")
         length = s + s_plus
         if phase == "prefill":
             mods = self.modules("prefill", b * length, s2=b * length * length)
@@ -272,7 +278,8 @@ class Estimator:
         s2 = float(sum(c * (c + p) for c, p in shape.prefills))
         mods = self.modules(
             "prefill" if shape.prefills else "decode",
-            float(shape.num_tokens), s2=s2, b=float(len(shape.decodes)), ctx=float(sum(shape.decodes)),
+            float(shape.num_tokens), s2=s2, b=float(len(shape.decodes)),
+            ctx=float(sum(shape.decodes)),
         )
         return accumulate(mods, self.model.num_layers)
 

@@ -146,7 +146,8 @@ def simulate_decode(est: Estimator, ready: np.ndarray, reqs: Requests, instances
 
 def _latencies(reqs: Requests, first: np.ndarray, last: np.ndarray) -> Latencies:
     gaps = np.maximum(reqs.output_lens - 1, 1)
-    return Latencies(first - reqs.arrivals, np.where(reqs.output_lens > 1, (last - first) / gaps, 0.0))
+    tpot = np.where(reqs.output_lens > 1, (last - first) / gaps, 0.0)
+    return Latencies(first - reqs.arrivals, tpot)
 
 
 def kv_transfer_time(est: Estimator, prompt_len: np.ndarray) -> np.ndarray:
@@ -228,22 +229,21 @@ def simulate_collocated(est: Estimator, reqs: Requests, instances: int, max_batc
                 progressed = True
         if progressed:
             continue
-        now = _next_event(now, arrivals[i] if i < n else np.inf, prefill_until, boxes, queues, first)
+        next_arrival = float(arrivals[i]) if i < n else np.inf
+        now = _next_event(now, next_arrival, prefill_until, boxes, queues, first)
     return _latencies(reqs, first, last)
 
 
 def _next_event(now: float, next_arrival: float, prefill_until: np.ndarray, boxes: np.ndarray,
                 queues: list[deque[int]], first: np.ndarray) -> float:
-    """Earliest future time at which an arrival, a prefill end, a decode's readiness or
-    (for an instance with waiting decodes) a freed box can change the state."""
+    """Earliest future time at which an arrival, a prefill end, a decode's readiness or a
+    freed box (which admits a waiting decode, or under ``seq_cap`` a prefill) happens."""
+    busy = boxes[boxes > now]
     times = [next_arrival, *prefill_until[prefill_until > now]]
-    for k, q in enumerate(queues):
-        if q:
-            times.append(float(first[q[0]]))
-            busy = boxes[k][boxes[k] > now]
-            if busy.size:
-                times.append(float(busy.min()))
+    if busy.size:
+        times.append(float(busy.min()))
+    times += [float(first[q[0]]) for q in queues if q]
     later = [t for t in times if t > now]
     if not later:
         raise RuntimeError("collocated simulator: no future event while work remains")
-    return min(later)
+    return float(min(later))

@@ -88,7 +88,7 @@ class Scenario:
 
     @property
     def mean_context(self) -> int:
-        return int(np.ceil(np.mean(self.prompt_lens + self.output_lens)))
+        return int(np.ceil(float(np.mean(self.prompt_lens + self.output_lens))))
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +199,8 @@ class FastEvaluator:
             lat = simulate_collocated(est, reqs, strategy.instances, strategy.max_batch_size,
                                       self.slots(strategy), cfg.max_batch_tokens, rng, cfg.tau,
                                       cfg.seq_cap)
-        return lat.p90()
+        ttft, tpot = lat.p90()
+        return ttft, tpot
 
 
 def evaluate(strategy: Strategy, p90: Callable[[Strategy, float], tuple[float, float]],

@@ -232,10 +232,10 @@ class AccelGenPolicy(Policy):
                 d = demands[k]
                 assert d is not None
                 self._add_prefill(b, window[k], d.compute)
-            for req in window:  # §4.2 dynamic chunking: fill S_b from the queue in order
+            for req, d in zip(window, demands, strict=True):  # §4.2: fill S_b in order
                 if not self._room(b):
                     break
-                if not b.contains(req):
+                if d is not None and not b.contains(req):
                     self._add_prefill(b, req)
 
     def on_batch_end(self, view: InstanceView, plan: BatchPlan) -> None:

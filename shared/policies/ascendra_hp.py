@@ -95,7 +95,7 @@ class AscendraHPPolicy(Policy):
         if b.num_seqs == 0:  # no prefill could run: decode-only iteration
             b = builder(max(len(view.running), 1))
             add_decodes(b, [r for r in view.running if r.is_decode])
-        self._in_batch = [r for r in (*view.running, *prefills) if b.contains(r)]
+        self._in_batch = [r for r in (*view.running, *view.waiting) if b.contains(r)]
         return b.build()
 
     def _admit_prefills(self, b: BatchBuilder, prefills: list[Request]) -> None:

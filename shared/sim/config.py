@@ -48,6 +48,7 @@ class SimConfig:
                 f"with {self.instances} instances"
             )
         if self.hp_instances and self.policy != "ascendra":
+            # Ascendra with no HP runs LP-only (offloading off); other policies have no HP role
             raise ValueError("hp_instances: only the ascendra policy has HP instances")
         if not self.qps > 0:
             raise ValueError(f"qps: must be > 0, got {self.qps}")

@@ -31,7 +31,6 @@ from sloserve.sim.events import EventKind, EventQueue
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
-
 REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
 
 
@@ -78,7 +77,9 @@ def policy_config(cfg: SimConfig, role: str) -> PolicyConfig:
     if cfg.max_num_seqs is not None:
         return dataclasses.replace(base, max_num_seqs=cfg.max_num_seqs)
     if cfg.policy == "ascendra" and role == "lp":
-        return dataclasses.replace(base, max_num_seqs=128)  # Ascendra §6.2: LP batch size 128
+        # §6.2: LP batch size 128; with no HP instance there is nowhere to offload to
+        threshold = base.offload_threshold if cfg.hp_instances else 0.0
+        return dataclasses.replace(base, max_num_seqs=128, offload_threshold=threshold)
     return base
 
 
@@ -115,6 +116,7 @@ class Simulation:
             [i.instance_id for i in self.instances if i.role == "lp"],
             [i.instance_id for i in self.instances if i.role == "hp"],
         )
+        self.has_hp = cfg.hp_instances > 0
         self.workload = build_workload(cfg, self.model, self.timing)
         self.events = EventQueue()
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
@@ -154,7 +156,9 @@ class Simulation:
         inst = self.instances[k]
         if self.in_flight[k] is not None or not inst.has_work:
             return
-        plan, offloaded, _dropped = inst.schedule(now)
+        plan, offloaded, dropped = inst.schedule(now)
+        for req in dropped:
+            self.router.on_prefill_done(req.request_id)
         for req in offloaded:
             req.num_offloads += 1
             self.num_offloads += 1
@@ -182,7 +186,11 @@ class Simulation:
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
-        inst.complete(plan, now)
+        events = inst.complete(plan, now)
+        if self.has_hp:  # first tokens release Ascendra's HP tickets
+            for ev in events:
+                if ev.index == 0:
+                    self.router.on_prefill_done(ev.request_id)
         self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
         self._kick(k, now)
 

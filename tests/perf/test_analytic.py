@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sloserve.batch import BatchShape
 from sloserve.perf.analytic import batch_flops_bytes, roofline_times
 from sloserve.perf.hardware import get_hardware

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sloserve.batch import BatchShape
 from sloserve.perf.base import TimingSource
 from sloserve.perf.ground_truth import ProfileTiming

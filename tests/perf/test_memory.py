@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.memory import kv_capacity_blocks
 from sloserve.perf.models import get_model

@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.perf.base import OnlinePerfModel
 from sloserve.perf.hardware import get_hardware

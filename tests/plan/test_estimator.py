@@ -34,7 +34,7 @@ def test_mlp_prefill_table_1_worked_values() -> None:
     assert ops["silu"].work == 5 * b * s * h0 and ops["silu"].traffic == 4 * b * s * h0
     assert ops["mul"].work == b * s * h0 and ops["mul"].traffic == 6 * b * s * h0
     assert ops["add"].work == b * s * h and ops["add"].traffic == 4 * b * s * h0
-    assert ops["down_proj"] == ops["up_proj"].__class__("down_proj", *_wq(ops["up_proj"]))
+    assert _wq(ops["down_proj"]) == _wq(ops["up_proj"]) == _wq(ops["gate_proj"])
 
 
 def _wq(op: Op) -> tuple[float | None, float]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+from helpers import make_instance, req
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from helpers import make_instance, req
 
 
 @settings(max_examples=40, deadline=None)

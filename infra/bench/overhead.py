@@ -1,0 +1,77 @@
+"""Per-iteration service overhead with ~1,000 waiting requests (sloserve live stack).
+
+Starts a one-instance stack (sim backend, real Redis or embedded), keeps
+``--requests`` long requests in flight through the SDK so the waiting queue
+stays near 1,000, and reads the scheduler's ``Status``: overhead = wall time
+of an iteration not spent executing the batch (policy decision + plan/result
+stream hops + applying the result), p50/p99 over the last iterations.
+
+    python infra/bench/overhead.py --policy sarathi --requests 1100
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import grpc
+
+from sloserve.client import AsyncClient, SloserveError
+from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+from sloserve.services.stack import Stack, StackConfig
+from sloserve.services.store import free_port
+
+
+async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -> None:
+    try:
+        async for _ in client.generate(prompt_token_ids=[97 + k % 26] * prompt_len,
+                                       max_tokens=max_tokens, ttft_slo=3600, tbt_slo=3600):
+            pass
+    except (SloserveError, asyncio.CancelledError):
+        pass
+
+
+async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
+    addr = stack.services["scheduler-lp0"].address
+    status = scheduler_grpc.SchedulerStub(grpc.aio.insecure_channel(addr)).Status
+    async with AsyncClient(stack.gateway) as client:
+        tasks = [asyncio.create_task(_hold(client, k, args.prompt_len, args.max_tokens))
+                 for k in range(args.requests)]
+        await asyncio.sleep(args.warmup)
+        first = await status(scheduler_pb2.StatusRequest())
+        await asyncio.sleep(args.seconds)
+        st = await status(scheduler_pb2.StatusRequest())
+        for t in tasks:
+            t.cancel()
+    return {
+        "policy": args.policy, "requests": args.requests, "waiting": st.num_waiting,
+        "running": st.num_running, "iterations": st.iterations - first.iterations,
+        "overhead_p50_ms": st.overhead_p50_s * 1e3, "overhead_p99_ms": st.overhead_p99_s * 1e3,
+        "schedule_p50_ms": st.schedule_p50_s * 1e3, "schedule_p99_ms": st.schedule_p99_s * 1e3,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", default="sarathi")
+    p.add_argument("--requests", type=int, default=1100)
+    p.add_argument("--prompt-len", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=1024)
+    p.add_argument("--num-blocks", type=int, default=4000)
+    p.add_argument("--time-scale", type=float, default=0.5, help="shrink sim batch times")
+    p.add_argument("--warmup", type=float, default=8.0)
+    p.add_argument("--seconds", type=float, default=30.0)
+    p.add_argument("--redis-url", default=None)
+    args = p.parse_args()
+    cfg = StackConfig(policy=args.policy, gateway_port=free_port(), num_blocks=args.num_blocks,
+                      time_scale=args.time_scale, redis_url=args.redis_url,
+                      log_dir=Path(f"/tmp/sloserve-overhead-{int(time.time())}"))
+    with Stack(cfg) as stack:
+        print(json.dumps(asyncio.run(measure(stack, args))))
+
+
+if __name__ == "__main__":
+    main()

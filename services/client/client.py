@@ -1,0 +1,149 @@
+"""``Client`` (blocking) and ``AsyncClient`` (asyncio) over the Gateway service."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from sloserve.client.errors import from_rpc_error
+from sloserve.services.proto import gateway_grpc, gateway_pb2
+from sloserve.services.rpc import CHANNEL_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One output token. ``time``/``arrival_time`` are the gateway's clock (seconds)."""
+
+    request_id: str
+    index: int
+    token_id: int
+    text: str
+    time: float
+    arrival_time: float
+    finish_reason: str | None  # None while streaming; "length" or "stop" on the last chunk
+    instance_id: str
+    num_offloads: int
+
+
+def _request(
+    prompt: str | None, prompt_token_ids: Sequence[int] | None, max_tokens: int,
+    ttft_slo: float | None, tbt_slo: float | None, jct_slo: float | None, priority: int,
+    request_id: str | None,
+) -> gateway_pb2.GenerateRequest:
+    kw: dict[str, Any] = {"max_tokens": max_tokens, "priority": priority,
+                          "request_id": request_id or ""}
+    if prompt is not None:
+        kw["prompt"] = prompt
+    if prompt_token_ids is not None:
+        kw["prompt_token_ids"] = list(prompt_token_ids)
+    for name, value in (("ttft_slo", ttft_slo), ("tbt_slo", tbt_slo), ("jct_slo", jct_slo)):
+        if value is not None:
+            kw[name] = value
+    return gateway_pb2.GenerateRequest(**kw)
+
+
+def _chunk(c: gateway_pb2.GenerateChunk) -> Chunk:
+    return Chunk(c.request_id, c.index, c.token_id, c.text, c.time, c.arrival_time,
+                 c.finish_reason or None, c.instance_id, c.num_offloads)
+
+
+def _info(r: gateway_pb2.InfoResponse) -> dict[str, Any]:
+    from google.protobuf.json_format import MessageToDict
+
+    return MessageToDict(r, preserving_proto_field_name=True)
+
+
+class Client:
+    """Blocking client: ``generate`` yields :class:`Chunk` objects as tokens are produced."""
+
+    def __init__(self, target: str = "127.0.0.1:50051") -> None:
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = gateway_grpc.GatewayStub(self._channel)
+
+    def generate(
+        self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
+        max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
+        jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[Chunk]:
+        req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
+                       priority, request_id)
+        call = self._stub.Generate(req, timeout=timeout)
+        try:
+            for c in call:
+                yield _chunk(c)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()  # no-op when complete; frees the request if the caller stopped early
+
+    def cancel(self, request_id: str) -> bool:
+        try:
+            return bool(self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id)).found)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def info(self) -> dict[str, Any]:
+        try:
+            return _info(self._stub.Info(gateway_pb2.InfoRequest()))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """asyncio client: ``async for chunk in client.generate(...)``."""
+
+    def __init__(self, target: str = "127.0.0.1:50051") -> None:
+        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = gateway_grpc.GatewayStub(self._channel)
+
+    async def generate(
+        self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
+        max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
+        jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[Chunk]:
+        req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
+                       priority, request_id)
+        call = self._stub.Generate(req, timeout=timeout)
+        try:
+            async for c in call:
+                yield _chunk(c)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def cancel(self, request_id: str) -> bool:
+        try:
+            resp = await self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        return bool(resp.found)
+
+    async def info(self) -> dict[str, Any]:
+        try:
+            return _info(await self._stub.Info(gateway_pb2.InfoRequest()))
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,90 @@
+"""``sloserve up``: the whole live stack on this machine, one process per service.
+
+Redis at ``--redis-url``/``$REDIS_URL`` or an embedded one; perf-model; N
+executor+scheduler pairs; the gateway (127.0.0.1:50051). Prints the
+addresses, restarts a service whose process dies (its scheduler state is in
+Redis), and shuts everything down on Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from sloserve.services.stack import Stack, StackConfig
+
+SUPERVISE_S = 1.0
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("up", help="start the live stack (gRPC services + Redis)")
+    p.add_argument("--policy", default="sarathi")
+    p.add_argument("--instances", type=int, default=1)
+    p.add_argument("--hp-instances", type=int, default=0)
+    p.add_argument("--backend", default="sim", choices=("sim", "torch"))
+    p.add_argument("--model", default="llama-3-8b")
+    p.add_argument("--gpu", default="a100", help="sim: profiled GPU; torch: cpu or a CUDA GPU")
+    p.add_argument("--weights", default=None, help="torch: local checkpoint directory")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
+    p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
+    p.add_argument("--ttft-slo", type=float, default=1.0, help="gateway default, s")
+    p.add_argument("--tbt-slo", type=float, default=0.15, help="gateway default, s")
+    p.add_argument("--token-budget", type=int, default=None,
+                   help="default: 512 under a strict TBT SLO (<0.25 s), else 2048 (as simulate)")
+    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--noise-cv", type=float, default=0.03)
+    p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
+
+
+def config_from_args(args: argparse.Namespace) -> StackConfig:
+    """Policy knobs exactly as ``sloserve simulate`` derives them."""
+    from sloserve.sim.config import SimConfig
+    from sloserve.sim.simulator import policy_config
+
+    sim = SimConfig(policy=args.policy, model=args.model, gpu=args.gpu,
+                    instances=args.instances, hp_instances=args.hp_instances,
+                    ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None,
+                    token_budget=args.token_budget, max_num_seqs=args.max_num_seqs)
+    sim.validate()
+    lp, hp = policy_config(sim, "lp"), policy_config(sim, "hp")
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sloserve-"))
+    return StackConfig(
+        policy=args.policy, instances=args.instances, hp_instances=args.hp_instances,
+        backend=args.backend, model=args.model, gpu=args.gpu, weights=args.weights,
+        host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
+        token_budget=lp.token_budget, max_num_seqs={"lp": lp.max_num_seqs, "hp": hp.max_num_seqs},
+        ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
+        noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stack = Stack(cfg)
+    try:
+        stack.start()
+        print(f"redis      {stack.redis_url}{' (embedded)' if stack.embedded else ''}"
+              f"  prefix {stack.prefix}")
+        for name, svc in stack.services.items():
+            print(f"{name:<16} {svc.address}")
+        print(f"logs       {cfg.log_dir}")
+        print(f"gateway ready on {stack.gateway} (Ctrl-C to stop)", flush=True)
+        while not stop.wait(SUPERVISE_S):
+            for name in stack.exited():
+                print(f"{name} exited; restarting", flush=True)
+                stack.restart(name)
+    finally:
+        stack.stop()
+        print("stopped", flush=True)
+    return 0
