@@ -108,6 +108,12 @@ def _ids(value: Any) -> tuple[int, ...]:
 
 def from_hf_config(d: dict[str, Any], name: str = "hf") -> LlamaConfig:
     """``LlamaConfig`` from a Hugging Face ``config.json`` (LlamaForCausalLM family)."""
+    for flag in ("attention_bias", "mlp_bias"):
+        if d.get(flag):
+            raise ValueError(f"config.json: {flag}=true is not supported (Llama has no biases)")
+    # transformers >= 5 nests rope_theta and the scaling in "rope_parameters"
+    rope_params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or rope_params
     try:
         heads = int(d["num_attention_heads"])
         shape = ModelShape(
@@ -119,12 +125,11 @@ def from_hf_config(d: dict[str, Any], name: str = "hf") -> LlamaConfig:
             intermediate_size=int(d["intermediate_size"]),
             vocab_size=int(d["vocab_size"]),
             max_context=int(d.get("max_position_embeddings", 2048)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_theta=float(d.get("rope_theta") or rope_params.get("rope_theta", 10000.0)),
             tie_embeddings=bool(d.get("tie_word_embeddings", False)),
         )
     except KeyError as e:
         raise ValueError(f"config.json: missing field {e.args[0]!r}") from None
-    scaling = d.get("rope_scaling")
     rope = None
     if scaling:
         kind = scaling.get("rope_type", scaling.get("type"))

@@ -117,7 +117,7 @@ def nearest_first(
             assert d is not None
             if d.compute > a_c or d.kv > a_m or (d.exclusive and exclusive_taken):
                 continue
-            dist = float(i)
+            dist = math.hypot(a_c - d.compute, a_m - d.kv)
             if dist < best_dist:
                 best, best_dist = i, dist
         if best < 0:
