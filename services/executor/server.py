@@ -23,6 +23,9 @@ from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
 from sloserve.services.store import DEFAULT_REDIS_URL, Keys
 
 
+FLUSH_INTERVAL_S = 0.1
+
+
 class ExecutorService(executor_grpc.ExecutorServicer):
     def __init__(self, backend: Backend, redis: aioredis.Redis, keys: Keys) -> None:
         self.backend = backend
@@ -74,6 +77,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
     async def flush_forever(self) -> None:
         while True:
             await self._flush_wanted.wait()
+            await asyncio.sleep(FLUSH_INTERVAL_S)  # one pipeline for several batches
             self._flush_wanted.clear()
             batch, self._pending = self._pending, []
             await self._xadd(batch, "run")

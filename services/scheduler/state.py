@@ -4,8 +4,8 @@
 * ``inst:<instance>:tok:<id>``: its generated token ids, appended per iteration;
 * ``inst:<instance>:queue``: the instance's accepted, unfinished ids by arrival.
 
-Writes are queued and sent as one pipeline by a background task, in order, so
-the iteration loop never waits on Redis. A write lost in a crash is harmless:
+Writes are queued and sent as one pipeline every ``FLUSH_INTERVAL_S`` by a
+background task, in order, so the iteration loop never waits on Redis. A write lost in a crash is harmless:
 the gateway re-announces its in-flight requests on reconnect (``Hello``) and
 token indices make replays idempotent.
 """
@@ -22,6 +22,7 @@ from sloserve.services.proto import common_pb2
 from sloserve.services.store import Keys
 
 Op = Callable[[Pipeline], object]
+FLUSH_INTERVAL_S = 0.02
 
 
 class RequestStore:
@@ -84,8 +85,9 @@ class RequestStore:
                     op(pipe)
                 await pipe.execute()
 
-    async def flush_forever(self) -> None:
+    async def flush_forever(self, interval: float = FLUSH_INTERVAL_S) -> None:
         while True:
             await self._wanted.wait()
+            await asyncio.sleep(interval)  # coalesce several iterations into one pipeline
             self._wanted.clear()
             await self.flush()

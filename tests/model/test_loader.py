@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,21 +20,11 @@ from sloserve.perf.models import ModelShape
 
 SHAPE = ModelShape("t", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2,
                    intermediate_size=96, vocab_size=300, max_context=128, rope_theta=10000.0)
-CFG = LlamaConfig(SHAPE, rms_eps=1e-6)
-
 
 def random_model(tied: bool = False) -> LlamaModel:
-    cfg = LlamaConfig(ModelShape(**{**SHAPE.__dict__, "tie_embeddings": tied}) if False else
-                      _shape(tied), rms_eps=1e-6)
-    m = LlamaModel(cfg)
+    m = LlamaModel(LlamaConfig(dataclasses.replace(SHAPE, tie_embeddings=tied), rms_eps=1e-6))
     m.init_random(1)
     return m
-
-
-def _shape(tied: bool) -> ModelShape:
-    import dataclasses
-
-    return dataclasses.replace(SHAPE, tie_embeddings=tied)
 
 
 def hf_config(tied: bool) -> dict[str, object]:
@@ -137,7 +128,7 @@ def write_gguf(path: Path, model: LlamaModel, quantize: str = "") -> None:
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges(merges)
-    w.add_eos_token_id(len(vocab()[0][:261]))  # "<|endoftext|>" is token 261
+    w.add_eos_token_id(tokens.index("<|endoftext|>"))  # 261
     for name, tensor in model.state_dict().items():
         arr = tensor.numpy().astype(np.float32)
         if name in GGUF_NAMES:
