@@ -53,7 +53,8 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     )
     cfg.validate()
     timing = build_timing(cfg) if args.slo_mix else None
-    return build_workload(cfg, get_model(model), timing).requests  # type: ignore[arg-type]
+    reqs: list[Request] = build_workload(cfg, get_model(model), timing).requests  # type: ignore[arg-type,unused-ignore]
+    return reqs
 
 
 def prompt_ids(req: Request) -> list[int]:
@@ -121,5 +122,5 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(out))
     else:
-        print(format_table(out))  # type: ignore[arg-type]
+        print(format_table(out))
     return 0 if out["completed"] + out["dropped"] == out["requests"] else 1

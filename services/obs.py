@@ -25,9 +25,9 @@ def setup_logging(service: str, level: str = "info") -> structlog.stdlib.BoundLo
     return log
 
 
-def start_metrics(port: int | None) -> None:
-    """Serve ``/metrics`` on ``port`` (no-op for ``None``/0)."""
+def start_metrics(port: int | None, host: str = "127.0.0.1") -> None:
+    """Serve ``/metrics`` on ``host:port`` (no-op for ``None``/0)."""
     if port:
         from prometheus_client import start_http_server
 
-        start_http_server(port, addr="127.0.0.1")
+        start_http_server(port, addr=host)

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     capacity = engine.num_blocks * engine.block_size
     shapes = [
         s for s in sweep_shapes(max_tokens, max_context, args.seed)
-        if sum(c + l + engine.block_size for c, l in s.prefills)
+        if sum(c + ctx + engine.block_size for c, ctx in s.prefills)
         + sum(d + 1 + engine.block_size for d in s.decodes) <= capacity
     ]
     hw = measure_hardware(args.device, dtype)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import time
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+PARENT_PID_ENV = "SLOSERVE_PARENT_PID"  # set by a launcher: exit when that process is gone
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 64 << 20),
     ("grpc.max_send_message_length", 64 << 20),
@@ -54,8 +57,11 @@ async def serve_until_signal(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    waiter = asyncio.create_task(stop.wait())
-    watched = set(tasks)
+    waiter: asyncio.Task[Any] = asyncio.create_task(stop.wait())
+    watched: set[asyncio.Task[Any]] = set(tasks)
+    parent = os.environ.get(PARENT_PID_ENV)
+    if parent:
+        watched.add(asyncio.create_task(_watch_parent(int(parent))))
     done, _ = await asyncio.wait({waiter, *watched}, return_when=asyncio.FIRST_COMPLETED)
     for t in watched | {waiter}:
         t.cancel()
@@ -63,6 +69,12 @@ async def serve_until_signal(
     for t in done & watched:
         if not t.cancelled() and t.exception() is not None:
             raise t.exception()  # type: ignore[misc]
+
+
+async def _watch_parent(pid: int, every: float = 1.0) -> None:
+    """Return once our launcher has died (we were re-parented)."""
+    while os.getppid() == pid:
+        await asyncio.sleep(every)
 
 
 def wait_healthy(target: str, service: str = "", timeout: float = 30.0) -> None:

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sloserve.services.rpc import wait_healthy
+from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
 
@@ -66,12 +66,6 @@ class Service:
     address: str
     health: str  # gRPC service name to wait for
     proc: subprocess.Popen[bytes] | None = None
-
-
-def _pdeathsig() -> None:  # children die with us, even on SIGKILL (Linux)
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
 
 
 class Stack:
@@ -148,9 +142,10 @@ class Stack:
         if self.cfg.log_dir is not None:
             self.cfg.log_dir.mkdir(parents=True, exist_ok=True)
             err = open(self.cfg.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - child owns it
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        svc.proc = subprocess.Popen(svc.argv, stdout=err, stderr=err, env=env,
-                                    preexec_fn=_pdeathsig)
+        # no preexec_fn: forking a process with live gRPC channels that way crashes the
+        # child (grpc/grpc#43055); children watch PARENT_PID_ENV and exit when we die
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())}
+        svc.proc = subprocess.Popen(svc.argv, stdout=err, stderr=err, env=env)
         if err is not None:
             err.close()
 
@@ -169,7 +164,8 @@ class Stack:
 
     def exited(self) -> list[str]:
         """Services whose process has ended."""
-        return [n for n, s in self.services.items() if s.proc is not None and s.proc.poll() is not None]
+        return [n for n, s in self.services.items()
+                if s.proc is not None and s.proc.poll() is not None]
 
     def stop(self, timeout: float = 5.0) -> None:
         procs = [s.proc for s in reversed(self.services.values()) if s.proc is not None]

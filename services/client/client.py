@@ -53,7 +53,8 @@ def _chunk(c: gateway_pb2.GenerateChunk) -> Chunk:
 def _info(r: gateway_pb2.InfoResponse) -> dict[str, Any]:
     from google.protobuf.json_format import MessageToDict
 
-    return MessageToDict(r, preserving_proto_field_name=True)
+    info: dict[str, Any] = MessageToDict(r, preserving_proto_field_name=True)
+    return info
 
 
 class Client:

@@ -51,6 +51,6 @@ _BY_CODE: dict[grpc.StatusCode, type[SloserveError]] = {
 
 
 def from_rpc_error(exc: grpc.RpcError) -> SloserveError:
-    code = exc.code()  # type: ignore[attr-defined]
-    details = exc.details() or code.name  # type: ignore[attr-defined]
+    code: grpc.StatusCode = exc.code()
+    details: str = exc.details() or code.name
     return _BY_CODE.get(code, SloserveError)(details, code)

@@ -105,16 +105,19 @@ class SimBackend:
     def warmup_samples(self) -> list[BatchSample]:
         from sloserve.perf.sweep import profile_sweep
 
-        return profile_sweep(self.timing, self.shape, seed=self.seed)
+        samples: list[BatchSample] = profile_sweep(self.timing, self.shape, seed=self.seed)
+        return samples
 
 
 def make_backend(name: str, **kw: object) -> Backend:
     """``sim`` or ``torch`` (the latter needs torch and ``sloserve.model.engine``)."""
     if name == "sim":
         allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale")
-        return SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
+        sim: Backend = SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
+        return sim
     if name == "torch":
         from sloserve.services.executor.torch_backend import TorchBackend
 
-        return TorchBackend(**kw)  # type: ignore[arg-type]
+        torch: Backend = TorchBackend(**kw)  # type: ignore[arg-type,unused-ignore]
+        return torch
     raise ValueError(f"backend: must be 'sim' or 'torch', got {name!r}")

@@ -22,11 +22,10 @@ from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
 from sloserve.services.store import DEFAULT_REDIS_URL, Keys
 
-
 FLUSH_INTERVAL_S = 0.1
 
 
-class ExecutorService(executor_grpc.ExecutorServicer):
+class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # generated
     def __init__(self, backend: Backend, redis: aioredis.Redis, keys: Keys) -> None:
         self.backend = backend
         self.redis = redis
@@ -85,7 +84,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
     async def _xadd(self, batch: list[BatchSample], src: str) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for s in batch:
-                pipe.xadd(self.keys.samples, samples.encode(s, src),  # type: ignore[arg-type]
+                pipe.xadd(self.keys.samples, samples.encode(s, src),  # type: ignore[arg-type,unused-ignore]
                           maxlen=samples.MAXLEN, approximate=True)
             await pipe.execute()
 
@@ -102,7 +101,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.host, args.port, SERVICE_NAMES["executor"],
         lambda s: executor_grpc.add_ExecutorServicer_to_server(svc, s),
     )
-    obs.start_metrics(args.metrics_port)
+    obs.start_metrics(args.metrics_port, args.host)
     await svc.publish_warmup()
     flusher = asyncio.create_task(svc.flush_forever())
     svc.log.info("serving", port=args.port, backend=args.backend, model=args.model)

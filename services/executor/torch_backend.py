@@ -7,7 +7,7 @@ its prompt plus any tokens generated before a restart or offload (recompute).
 
 from __future__ import annotations
 
-from sloserve.batch import BatchPlan, BatchSample, ScheduledItem
+from sloserve.batch import BatchPlan, BatchSample, BatchShape, ScheduledItem
 from sloserve.services.executor.backends import Step
 from sloserve.services.proto import executor_pb2
 
@@ -76,9 +76,18 @@ class TorchBackend:
         return Step(res.tokens, res.stopped, res.duration_s, realtime_wait=False)
 
     def warmup_samples(self) -> list[BatchSample]:
+        """vLLM-style profiling run over the sweep's shapes that fit this engine's KV."""
         from sloserve.perf.sweep import profile_sweep
 
-        class _Timing:
-            batch_time = self.engine.profile_batch
+        engine = self.engine
 
-        return profile_sweep(_Timing(), self.engine.perf_shape(), max_tokens=512)
+        class _Timing:
+            @staticmethod
+            def batch_time(shape: BatchShape) -> float:
+                try:
+                    return engine.profile_batch(shape)
+                except ValueError:  # more KV than this engine holds: not a sample
+                    return 0.0
+
+        sweep = profile_sweep(_Timing(), engine.perf_shape, max_tokens=256)
+        return [s for s in sweep if s.duration > 0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import grpc
 import structlog
@@ -17,7 +18,7 @@ import structlog
 from sloserve.services import rpc
 from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
 
-Msg = scheduler_pb2.SchedulerInput
+Msg = Any  # scheduler_pb2.SchedulerInput (generated, untyped)
 
 
 class SchedulerLink:
@@ -38,11 +39,11 @@ class SchedulerLink:
 
     def submit(self, spec: common_pb2.RequestSpec) -> None:
         if self._q is not None:
-            self._q.put_nowait(Msg(submit=spec))
+            self._q.put_nowait(scheduler_pb2.SchedulerInput(submit=spec))
 
     def cancel(self, request_id: str) -> None:
         if self._q is not None:
-            self._q.put_nowait(Msg(cancel=request_id))
+            self._q.put_nowait(scheduler_pb2.SchedulerInput(cancel=request_id))
 
     async def run(self) -> None:
         backoff = 0.05
@@ -50,7 +51,7 @@ class SchedulerLink:
             q: asyncio.Queue[Msg | None] = asyncio.Queue()
             hello = scheduler_pb2.Hello(
                 gateway_id=self.gateway_id, inflight=self._inflight(self.instance_id))
-            q.put_nowait(Msg(hello=hello))
+            q.put_nowait(scheduler_pb2.SchedulerInput(hello=hello))
             self._q = q
             try:
                 async for out in self.stub.Connect(_drain(q)):

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -35,7 +36,7 @@ from sloserve.services.proto import (
     scheduler_pb2,
 )
 
-Event = scheduler_pb2.TokenEvent | scheduler_pb2.Drop | None  # None: cancelled
+Event = Any  # scheduler_pb2.TokenEvent | scheduler_pb2.Drop | None (None: cancelled)
 
 
 class InvalidInput(ValueError):
@@ -56,7 +57,7 @@ class Limits:
     vocab_size: int
 
 
-class GatewayService(gateway_grpc.GatewayServicer):
+class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # generated
     def __init__(
         self, router: Router, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
@@ -175,7 +176,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 yield gateway_pb2.GenerateChunk(
                     request_id=rid, index=ev.index, token_id=ev.token_id,
                     text=detok.push(ev.token_id), time=time.time(), arrival_time=now,
-                    finish_reason=("stop" if ev.stopped else "length") if done else "",
+                    finish_reason=_finish_reason(ev, spec.max_tokens) if done else "",
                     instance_id=f.instance_id, num_offloads=spec.num_offloads,
                 )
         finally:
@@ -206,6 +207,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
             instances=instances, tokenizer=self.tokenizer.name)
+
+
+def _finish_reason(ev: Any, max_tokens: int) -> str:
+    """OpenAI/vLLM semantics: ``length`` when max_tokens was reached, else ``stop``."""
+    return "length" if ev.index + 1 >= max_tokens else "stop"
 
 
 async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:
@@ -244,7 +250,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
     )
-    obs.start_metrics(args.metrics_port)
+    obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
     svc.log.info("serving", port=args.port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks)

@@ -55,7 +55,8 @@ class _DiffDetok:
     """Incremental decode by re-decoding and emitting the new suffix (vLLM's approach)."""
 
     def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode, self._ids, self._text = decode, [], ""
+        self._decode, self._text = decode, ""
+        self._ids: list[int] = []
 
     def push(self, token_id: int) -> str:
         self._ids.append(token_id)

@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass
 
 import redis.asyncio as aioredis
 
+from sloserve.perf.hardware import Hardware, get_hardware
+from sloserve.perf.models import get_model
+from sloserve.perf.regression import AscendraRegression
 from sloserve.services.proto import perfmodel_pb2
 
 
@@ -33,6 +36,20 @@ class Published:
 
     def to_proto(self) -> perfmodel_pb2.Coefficients:
         return perfmodel_pb2.Coefficients(**asdict(self))
+
+
+def regression_for(model: str, hardware: str, window: int = 4096) -> AscendraRegression:
+    """The regression both the perf-model service and the schedulers use.
+
+    A hardware name outside the table (e.g. ``cpu`` before ``sloserve profile``
+    registered it) gets nominal peaks: the fitted coefficients absorb the scale,
+    and both sides build the same one, so published coefficients stay valid.
+    """
+    try:
+        hw = get_hardware(hardware)
+    except ValueError:
+        hw = Hardware(hardware, peak_flops=1e12, mem_bandwidth=1e11, mem_bytes=0.0)
+    return AscendraRegression(get_model(model), hw, window=window, refit_every=10**9)
 
 
 async def follow(

@@ -11,28 +11,25 @@ import argparse
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
-from sloserve.perf.hardware import get_hardware
-from sloserve.perf.models import get_model
-from sloserve.perf.regression import AscendraRegression
 from sloserve.services import obs, rpc
 from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
-from sloserve.services.perfmodel.coefficients import Published
+from sloserve.services.perfmodel.coefficients import Published, regression_for
 from sloserve.services.proto import SERVICE_NAMES, perfmodel_grpc, perfmodel_pb2
 from sloserve.services.store import DEFAULT_REDIS_URL, Keys
 
 WINDOW = 4096
 
 
-class PerfModelService(perfmodel_grpc.PerfModelServicer):
+class PerfModelService(perfmodel_grpc.PerfModelServicer):  # type: ignore[misc]  # generated
     def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys) -> None:
-        self.reg = AscendraRegression(get_model(model), get_hardware(gpu), window=WINDOW,
-                                      refit_every=10**9)  # refit on our timer, not per sample
+        self.reg = regression_for(model, gpu, WINDOW)  # refit on our timer, not per sample
         self.model, self.gpu = model, gpu
         self.redis, self.keys = redis, keys
         self.window: list[BatchSample] = []
@@ -82,7 +79,8 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
         while True:
             block_ms = max(1, int((next_fit - time.monotonic()) * 1000))
             reply = await self.redis.xread({self.keys.samples: last_id}, count=5000, block=block_ms)
-            for _stream, entries in reply or []:
+            streams: Any = reply or []
+            for _stream, entries in streams:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     sample = samples.decode(fields)
@@ -117,7 +115,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.host, args.port, SERVICE_NAMES["perfmodel"],
         lambda s: perfmodel_grpc.add_PerfModelServicer_to_server(svc, s),
     )
-    obs.start_metrics(args.metrics_port)
+    obs.start_metrics(args.metrics_port, args.host)
     task = asyncio.create_task(svc.consume(args.refit_interval))
     svc.log.info("serving", port=args.port, model=args.model, gpu=args.gpu)
     await rpc.serve_until_signal(server, [task])

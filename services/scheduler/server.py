@@ -22,6 +22,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import numpy as np
@@ -31,12 +32,11 @@ from prometheus_client import Gauge, Histogram
 from sloserve.batch import BatchPlan
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
-from sloserve.perf.base import PerfModel
 from sloserve.policies import PolicyConfig, make_policy
 from sloserve.request import Request
 from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
-from sloserve.services.perfmodel.coefficients import Published, follow
+from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import (
     SERVICE_NAMES,
     common_pb2,
@@ -67,7 +67,7 @@ class Record:
     on_executor: bool = False  # the executor has this sequence (NewSequence sent)
 
 
-class SchedulerService(scheduler_grpc.SchedulerServicer):
+class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc]  # generated
     def __init__(
         self, instance: Instance, store: RequestStore, policy: str,
         executor: executor_pb2.ExecutorDescription,
@@ -138,7 +138,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self, request_iterator: AsyncIterator[scheduler_pb2.SchedulerInput],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
-        first = await anext(aiter(request_iterator), None)
+        first: Any = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "hello":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
                                 "hello: the first message on Connect must be a Hello")
@@ -306,7 +306,9 @@ def _pcts(xs: deque[float]) -> tuple[float, float]:
     return float(p50), float(p99)
 
 
-async def _describe(stub: executor_grpc.ExecutorStub, timeout: float) -> executor_pb2.ExecutorDescription:
+async def _describe(
+    stub: executor_grpc.ExecutorStub, timeout: float
+) -> executor_pb2.ExecutorDescription:
     deadline = time.monotonic() + timeout
     while True:
         try:
@@ -317,21 +319,12 @@ async def _describe(stub: executor_grpc.ExecutorStub, timeout: float) -> executo
             await asyncio.sleep(0.1)
 
 
-def _perf_model(desc: executor_pb2.ExecutorDescription) -> PerfModel:
-    """Ascendra's regression for the executor's model and hardware (roofline until fitted)."""
-    from sloserve.perf.hardware import get_hardware
-    from sloserve.perf.models import get_model
-    from sloserve.perf.regression import AscendraRegression
-
-    return AscendraRegression(get_model(desc.model), get_hardware(desc.hardware))
-
-
 async def serve(args: argparse.Namespace) -> None:
     redis = aioredis.Redis.from_url(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
-    perf_model = _perf_model(desc)
+    perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
     policy = make_policy(
         args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs))
     instance = Instance(
@@ -342,7 +335,7 @@ async def serve(args: argparse.Namespace) -> None:
     svc = SchedulerService(instance, store, args.policy, desc)
 
     def apply(c: Published) -> None:
-        perf_model.set_coefficients(c.values)  # type: ignore[attr-defined]
+        perf_model.set_coefficients(c.values)
         svc.coefficients = c
 
     follower = await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait)
@@ -351,7 +344,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.host, args.port, SERVICE_NAMES["scheduler"],
         lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
     )
-    obs.start_metrics(args.metrics_port)
+    obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(svc.run(executor)), asyncio.create_task(store.flush_forever()),
              follower]
     svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,

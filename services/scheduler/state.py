@@ -5,15 +5,16 @@
 * ``inst:<instance>:queue``: the instance's accepted, unfinished ids by arrival.
 
 Writes are queued and sent as one pipeline every ``FLUSH_INTERVAL_S`` by a
-background task, in order, so the iteration loop never waits on Redis. A write lost in a crash is harmless:
-the gateway re-announces its in-flight requests on reconnect (``Hello``) and
-token indices make replays idempotent.
+background task, in order, so the iteration loop never waits on Redis. A write
+lost in a crash is harmless: the gateway re-announces its in-flight requests
+on reconnect (``Hello``) and token indices make replays idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -33,7 +34,7 @@ class RequestStore:
 
     async def restore(self) -> list[tuple[common_pb2.RequestSpec, list[int]]]:
         """Every accepted, unfinished request of this instance, by arrival."""
-        ids = await self.redis.zrange(self.keys.queue(self.instance_id), 0, -1)
+        ids: Any = await self.redis.zrange(self.keys.queue(self.instance_id), 0, -1)
         async with self.redis.pipeline(transaction=False) as pipe:
             for rid in ids:
                 pipe.get(self.keys.request(self.instance_id, rid.decode()))

@@ -48,7 +48,9 @@ class AttentionMetadata:
     # (key_slots packed, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     gather_buffers: dict[tuple[str, int], torch.Tensor] = field(default_factory=dict)
 
-    def gather(self, cache: torch.Tensor, blocks: torch.Tensor, key: tuple[str, int]) -> torch.Tensor:
+    def gather(
+        self, cache: torch.Tensor, blocks: torch.Tensor, key: tuple[str, int]
+    ) -> torch.Tensor:
         """``cache[blocks]`` into a buffer reused by every layer (no per-layer allocation)."""
         buf = self.gather_buffers.get(key)
         if buf is None:

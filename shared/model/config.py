@@ -96,7 +96,9 @@ def get_config(name: str) -> LlamaConfig:
     try:
         shape = get_model(base)
     except ValueError:
-        raise ValueError(f"model: unknown preset {name!r}; choose one of {config_names()}") from None
+        raise ValueError(
+            f"model: unknown preset {name!r}; choose one of {config_names()}"
+        ) from None
     return LlamaConfig(dataclasses.replace(shape, **shape_fields), **extra)
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sloserve.batch import BatchPlan, BatchShape, ScheduledItem
+from sloserve.kv import BlockManager
 from sloserve.model.attention import build_metadata, flash_available
 from sloserve.model.config import LlamaConfig, get_config
 from sloserve.model.kv_cache import PagedKVCache
@@ -26,7 +27,6 @@ from sloserve.model.llama import LlamaModel
 from sloserve.model.loader import Checkpoint, load_checkpoint, load_into, smollm2_gguf_path
 from sloserve.model.sampling import SamplingParams, sample
 from sloserve.model.tokenizer import ByteTokenizer, Tokenizer
-from sloserve.kv import BlockManager
 from sloserve.perf.models import ModelShape
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -85,9 +85,9 @@ class TorchEngine:
             net.init_random(seed)
         self.model = net.to(self.device, self.dtype).eval()
         self.weights_loaded = ckpt is not None
-        self.tokenizer: Tokenizer = (
-            ckpt.tokenizer if ckpt and ckpt.tokenizer else ByteTokenizer(self.config.shape.vocab_size)
-        )
+        self.tokenizer: Tokenizer = ByteTokenizer(self.config.shape.vocab_size)
+        if ckpt and ckpt.tokenizer:
+            self.tokenizer = ckpt.tokenizer
         s = self.config.shape
         self.block_size = block_size
         self.num_blocks = num_blocks or self._default_num_blocks(block_size)
@@ -144,7 +144,8 @@ class TorchEngine:
         bad = [t for t in prompt_token_ids if not 0 <= t < s.vocab_size]
         if bad:
             raise ValueError(
-                f"request {request_id}: prompt_token_ids {bad[:3]} outside vocab [0, {s.vocab_size})"
+                f"request {request_id}: prompt_token_ids {bad[:3]} outside vocab "
+                f"[0, {s.vocab_size})"
             )
         if len(prompt_token_ids) + sampling.max_tokens > s.max_context:
             raise ValueError(
@@ -194,7 +195,8 @@ class TorchEngine:
                 raise ValueError(f"plan: request {rid!r} scheduled twice")
             seen.add(rid)
             end = item.context_len + item.num_tokens
-            if item.num_tokens < 1 or item.context_len != seq.num_computed or end > len(seq.token_ids):
+            consistent = item.context_len == seq.num_computed and end <= len(seq.token_ids)
+            if item.num_tokens < 1 or not consistent:
                 raise ValueError(
                     f"plan: item {item} inconsistent with request {rid} "
                     f"(computed {seq.num_computed} of {len(seq.token_ids)} tokens)"
@@ -240,14 +242,15 @@ class TorchEngine:
                 meta,
             )
             logits = self.model.logits(hidden[rows]).cpu() if rows else None
+        if self.device.type == "cuda":  # a batch of only partial chunks copies nothing back
+            torch.cuda.synchronize(self.device)
         for item in plan.items:
             self._seqs[item.request_id].num_computed += item.num_tokens
         tokens: dict[str, int] = {}
         stopped: set[str] = set()
-        for i, rid in enumerate(samplers):
-            assert logits is not None
+        for rid, row in zip(samplers, logits if logits is not None else ()):
             seq = self._seqs[rid]
-            token = sample(logits[i], seq.sampling, seq.generator)
+            token = sample(row, seq.sampling, seq.generator)
             seq.token_ids.append(token)
             tokens[rid] = token
             if self._should_stop(seq, token):
@@ -274,7 +277,8 @@ class TorchEngine:
         kv = BlockManager(self.num_blocks, self.block_size)
         gen = torch.Generator().manual_seed(len(shape.prefills) * 7919 + len(shape.decodes))
         greedy = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        work = [(c, l, True) for c, l in shape.prefills] + [(1, d, False) for d in shape.decodes]
+        work = [(c, ctx, True) for c, ctx in shape.prefills]
+        work += [(1, ctx, False) for ctx in shape.decodes]
         items: list[ScheduledItem] = []
         try:
             for i, (n, ctx, is_prefill) in enumerate(work):

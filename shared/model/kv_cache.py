@@ -1,4 +1,4 @@
-"""Paged KV tensors (vLLM PagedAttention): per layer ``[num_blocks, block_size, kv_heads, head_dim]``.
+"""Paged KV tensors (vLLM PagedAttention), per layer ``[num_blocks, block_size, kv_heads, d]``.
 
 Blocks are handed out by the scheduler's ``sloserve.kv.BlockManager``; this
 class only holds the tensors and maps (block table, position) to a slot.

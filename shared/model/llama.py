@@ -126,6 +126,7 @@ class LlamaModel(nn.Module):
         self.lm_head = nn.Linear(s.hidden_size, s.vocab_size, bias=False)
         if s.tie_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
 
     def init_random(self, seed: int) -> None:

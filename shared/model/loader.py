@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from sloserve.model.config import LlamaConfig, RopeScaling, from_hf_config
+from sloserve.model.llama import LlamaModel
 from sloserve.model.tokenizer import BPETokenizer, Tokenizer
 from sloserve.perf.models import ModelShape
 
@@ -74,7 +74,9 @@ def load_hf_dir(path: Path, name: str) -> Checkpoint:
                 continue
             state[key.removeprefix("model.")] = tensor
     tok_file = path / "tokenizer.json"
-    tokenizer = BPETokenizer.from_file(tok_file, config.eos_token_ids) if tok_file.is_file() else None
+    tokenizer = None
+    if tok_file.is_file():
+        tokenizer = BPETokenizer.from_file(tok_file, config.eos_token_ids)
     return Checkpoint(config, state, tokenizer)
 
 
@@ -189,7 +191,7 @@ def load_gguf(path: Path, name: str) -> Checkpoint:
 
 
 # --- into the model ------------------------------------------------------------------
-def load_into(model: nn.Module, state: dict[str, torch.Tensor], source: str) -> None:
+def load_into(model: LlamaModel, state: dict[str, torch.Tensor], source: str) -> None:
     """Copy ``state`` into ``model``; every parameter must be covered (tied head excepted)."""
     params = dict(model.named_parameters(remove_duplicate=False))
     tied = model.lm_head.weight is model.embed_tokens.weight

@@ -37,8 +37,8 @@ FEATURES = ("iteration", "prefill_chunks", "sequences", "tokens", "prefill_pairs
 
 def features(shape: BatchShape) -> list[float]:
     """Work counts of ``shape`` in the order of ``FEATURES``."""
-    pairs = sum(c * l + c * (c + 1) / 2 for c, l in shape.prefills)
-    kv = sum(c + l for c, l in shape.prefills) + sum(d + 1 for d in shape.decodes)
+    pairs = sum(c * ctx + c * (c + 1) / 2 for c, ctx in shape.prefills)
+    kv = sum(c + ctx for c, ctx in shape.prefills) + sum(d + 1 for d in shape.decodes)
     return [1.0, float(len(shape.prefills)), float(shape.num_seqs), float(shape.num_tokens),
             float(pairs), float(kv)]
 
@@ -142,12 +142,12 @@ def load_samples(path: str | Path) -> tuple[list[BatchSample], Hardware | None, 
         samples = []
         for i, r in enumerate(raw):
             shape = BatchShape(
-                prefills=tuple((int(c), int(l)) for c, l in r["prefills"]),
+                prefills=tuple((int(c), int(ctx)) for c, ctx in r["prefills"]),
                 decodes=tuple(int(d) for d in r["decodes"]),
             )
             duration = float(r["duration"])
             if not math.isfinite(duration) or duration < 0 or any(
-                c < 1 or l < 0 for c, l in shape.prefills
+                c < 1 or ctx < 0 for c, ctx in shape.prefills
             ) or any(d < 0 for d in shape.decodes):
                 raise ValueError(f"sample {i} has a negative or non-finite value")
             samples.append(BatchSample(shape, duration))

@@ -33,9 +33,11 @@ BASE = dict(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_la
         {"rope_theta": 10000.0, "tie_word_embeddings": False},
         {"rope_theta": 500000.0, "tie_word_embeddings": True,
          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                          "high_freq_factor": 4.0, "original_max_position_embeddings": 32}},
+                          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
+        {"rope_theta": 10000.0, "tie_word_embeddings": False,
+         "rope_scaling": {"rope_type": "linear", "factor": 4.0}},
     ],
-    ids=["untied", "tied-llama3-rope"],
+    ids=["untied", "tied-llama3-rope", "linear-rope"],
 )
 def test_logits_match_transformers_llama(tmp_path: Path, extra: dict[str, object]) -> None:
     torch.manual_seed(0)

@@ -38,7 +38,9 @@ def run(
     seqs: list[tuple[list[int], int, int, list[int]]],
 ) -> list[torch.Tensor]:
     """One forward over ``(token_ids, context_len, num_tokens, block_table)``; logits per seq."""
-    ids, pos, meta_seqs = [], [], []
+    ids: list[int] = []
+    pos: list[int] = []
+    meta_seqs: list[tuple[int, int, list[int]]] = []
     for tokens, ctx, n, table in seqs:
         ids += tokens[ctx : ctx + n]
         pos += range(ctx, ctx + n)

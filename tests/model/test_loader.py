@@ -47,7 +47,9 @@ def write_hf_dir(path: Path, model: LlamaModel, tied: bool) -> None:
 
 
 @pytest.mark.parametrize("tied", [False, True])
-def test_hf_directory_with_sharded_safetensors_loads_every_weight(tmp_path: Path, tied: bool) -> None:
+def test_hf_directory_with_sharded_safetensors_loads_every_weight(
+    tmp_path: Path, tied: bool
+) -> None:
     src = random_model(tied)
     write_hf_dir(tmp_path, src, tied)
     ckpt = load_checkpoint(tmp_path)

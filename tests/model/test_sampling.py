@@ -59,4 +59,4 @@ def test_same_seed_same_tokens_different_seed_different_tokens() -> None:
 )
 def test_invalid_parameters_name_the_field(kwargs: dict[str, object], field: str) -> None:
     with pytest.raises(ValueError, match=field):
-        SamplingParams(**kwargs)  # type: ignore[arg-type]
+        SamplingParams(**kwargs)

@@ -26,7 +26,8 @@ def test_greedy_smollm2_says_paris() -> None:
     assert tok.decode(prompt) == "The capital of France is"
     engine.add_request("q", prompt, SamplingParams(temperature=0.0, max_tokens=3))
     kv = BlockManager(engine.num_blocks, engine.block_size)
-    ids, computed, out = list(prompt), 0, []
+    ids, computed = list(prompt), 0
+    out: list[int] = []
     stopped = False
     while not stopped:  # prefill in two chunks, then decodes
         n = min(3, len(ids) - computed) if computed == 0 else len(ids) - computed

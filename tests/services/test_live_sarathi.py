@@ -112,3 +112,30 @@ def test_bench_replays_a_trace_file_and_reports_simulate_keys(stack: Stack, tmp_
     assert measured["output_tokens"] == simulated["output_tokens"]
     summary_keys = {k for k in simulated if k in measured}
     assert {"ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "goodput_share"} <= summary_keys
+
+
+def test_every_service_has_health_reflection_and_the_perf_model_publishes(stack: Stack) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    from sloserve.services.proto import common_pb2, perfmodel_grpc, perfmodel_pb2
+
+    for svc in stack.services.values():
+        with grpc.insecure_channel(svc.address) as ch:
+            health = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=svc.health))
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            listed = next(iter(reflection_pb2_grpc.ServerReflectionStub(ch).ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]))))
+            assert svc.health in {s.name for s in listed.list_services_response.service}
+    with grpc.insecure_channel(stack.services["perfmodel"].address) as ch:
+        pm = perfmodel_grpc.PerfModelStub(ch)
+        watch = pm.WatchCoefficients(perfmodel_pb2.CoefficientsRequest())
+        first = next(watch)
+        watch.cancel()
+        coeffs = pm.GetCoefficients(perfmodel_pb2.CoefficientsRequest())
+        assert coeffs.version >= first.version >= 1 and len(coeffs.values) == 5
+        shape = common_pb2.BatchShape(decodes=[512] * 8)
+        small = pm.Predict(perfmodel_pb2.PredictRequest(shape=shape)).duration_s
+        shape.prefills.add(chunk_len=512, context_len=0)
+        assert pm.Predict(perfmodel_pb2.PredictRequest(shape=shape)).duration_s > small > 0

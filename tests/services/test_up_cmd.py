@@ -1,0 +1,50 @@
+"""``sloserve up`` on a bare machine: embedded store, every service up, clean SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from sloserve.client import Client
+from sloserve.services.store import free_port
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    up = subprocess.Popen(
+        [sys.executable, "-m", "sloserve.services.cli", "up", "--port", str(port),
+         "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()  # type: ignore[union-attr]
+            lines.append(line)
+            if "gateway ready" in line or not line:
+                break
+        assert any("(embedded)" in ln for ln in lines), lines
+        assert "gateway ready" in lines[-1], lines
+        chunks = list(Client(f"127.0.0.1:{port}").generate("hello", max_tokens=5))
+        assert [c.index for c in chunks] == [0, 1, 2, 3, 4]
+        kids = _children(up.pid)
+        assert len(kids) == 4  # perf-model, executor, scheduler, gateway
+        up.send_signal(signal.SIGTERM)
+        assert up.wait(timeout=20) == 0
+        assert "stopped" in up.stdout.read()  # type: ignore[union-attr]
+        assert not [k for k in kids if Path(f"/proc/{k}").exists()
+                    and "Z" not in Path(f"/proc/{k}/stat").read_text().split()[2]]
+    finally:
+        if up.poll() is None:
+            up.kill()
