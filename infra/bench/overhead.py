@@ -1,12 +1,17 @@
 """Per-iteration service overhead with ~1,000 waiting requests (sloserve live stack).
 
 Starts a one-instance stack (sim backend, real Redis or embedded), keeps
-``--requests`` long requests in flight through the SDK so the waiting queue
-stays near 1,000, and reads the scheduler's ``Status``: overhead = wall time
-of an iteration not spent executing the batch (policy decision + plan/result
-stream hops + applying the result), p50/p99 over the last iterations.
+``--requests`` long requests in flight so the waiting queue stays near 1,000,
+and reads the scheduler's ``Status``: overhead = wall time of an iteration not
+spent executing the batch (policy decision + plan/result stream hops +
+applying the result), p50/p99 over the last iterations.
 
-    python infra/bench/overhead.py --policy sarathi --requests 1100
+By default the requests go through the gateway with the SDK (1,000+ client
+streams in this process); ``--direct`` makes this script the gateway (it
+speaks the scheduler's Connect stream itself), which leaves the CPU to the
+scheduler and executor on a small machine.
+
+    python infra/bench/overhead.py --policy sarathi --requests 1100 [--direct]
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ import argparse
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
 
 from sloserve.client import AsyncClient, SloserveError
-from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack, StackConfig
 from sloserve.services.store import free_port
 
@@ -34,19 +40,42 @@ async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -
         pass
 
 
+async def _as_gateway(target: str, args: argparse.Namespace) -> None:
+    """Be the gateway: Hello, then every request, then read (and drop) the outputs."""
+    q: asyncio.Queue[scheduler_pb2.SchedulerInput] = asyncio.Queue()
+    q.put_nowait(scheduler_pb2.SchedulerInput(hello=scheduler_pb2.Hello(gateway_id="bench")))
+    now = time.time()
+    for k in range(args.requests):
+        q.put_nowait(scheduler_pb2.SchedulerInput(submit=common_pb2.RequestSpec(
+            request_id=f"r{k}", prompt_token_ids=[97 + k % 26] * args.prompt_len,
+            max_tokens=args.max_tokens, ttft_slo=3600, tbt_slo=3600, arrival_time=now)))
+
+    async def inputs() -> AsyncIterator[scheduler_pb2.SchedulerInput]:
+        while True:
+            yield await q.get()
+
+    async with grpc.aio.insecure_channel(target) as ch:
+        async for _ in scheduler_grpc.SchedulerStub(ch).Connect(inputs()):
+            pass
+
+
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
     addr = stack.services["scheduler-lp0"].address
     status = scheduler_grpc.SchedulerStub(grpc.aio.insecure_channel(addr)).Status
     async with AsyncClient(stack.gateway) as client:
-        tasks = [asyncio.create_task(_hold(client, k, args.prompt_len, args.max_tokens))
-                 for k in range(args.requests)]
+        if args.direct:
+            stack.kill("gateway")
+            tasks = [asyncio.create_task(_as_gateway(addr, args))]
+        else:
+            tasks = [asyncio.create_task(_hold(client, k, args.prompt_len, args.max_tokens))
+                     for k in range(args.requests)]
         await asyncio.sleep(args.warmup)
         first = await status(scheduler_pb2.StatusRequest())
         await asyncio.sleep(args.seconds)
         st = await status(scheduler_pb2.StatusRequest())
         for t in tasks:
             t.cancel()
-    return {
+    return {"mode": "direct" if args.direct else "sdk+gateway",
         "policy": args.policy, "requests": args.requests, "waiting": st.num_waiting,
         "running": st.num_running, "iterations": st.iterations - first.iterations,
         "overhead_p50_ms": st.overhead_p50_s * 1e3, "overhead_p99_ms": st.overhead_p99_s * 1e3,
@@ -65,6 +94,7 @@ def main() -> None:
     p.add_argument("--warmup", type=float, default=8.0)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--redis-url", default=None)
+    p.add_argument("--direct", action="store_true", help="be the gateway (no SDK streams)")
     args = p.parse_args()
     cfg = StackConfig(policy=args.policy, gateway_port=free_port(), num_blocks=args.num_blocks,
                       time_scale=args.time_scale, redis_url=args.redis_url,

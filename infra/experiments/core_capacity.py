@@ -49,6 +49,7 @@ def run_setup(item: tuple[str, SimConfig]) -> dict[str, Any]:
     start = 1.0 * cfg.instances
     res = {c: find_capacity(cfg, c, 0.9, qps_start=start, cache=cache) for c in CRITERIA}
     return {"setup": name, "capacity": {c: r["capacity_qps"] for c, r in res.items()},
+            "at_limit": {c: r["at_search_limit"] for c, r in res.items()},
             "probes": {c: r["probes"] for c, r in res.items()},
             "simulations": len(cache), "wall_s": round(time.time() - t0, 1)}
 
@@ -61,15 +62,18 @@ def main() -> None:
     ap.add_argument("--out", default="docs/results/core_capacity.json")
     a = ap.parse_args()
     items = [s for s in setups(a.num_requests) if a.only in s[0]]
+    print(f"{'setup':28} {'goodput':>9} {'tail':>9} {'token':>9} {'sims':>5} {'wall_s':>7}",
+          flush=True)
+    results = []
     with ProcessPoolExecutor(a.jobs) as pool:
-        results = list(pool.map(run_setup, items))
+        for r in pool.map(run_setup, items):
+            results.append(r)
+            c, lim = r["capacity"], r["at_limit"]
+            cells = [f"{'>=' if lim[k] else ''}{c[k]:.3f}" for k in CRITERIA]
+            print(f"{r['setup']:28} {cells[0]:>9} {cells[1]:>9} {cells[2]:>9} "
+                  f"{r['simulations']:5d} {r['wall_s']:7.1f}", flush=True)
     with open(a.out, "w") as f:
         json.dump({"num_requests": a.num_requests, "results": results}, f, indent=1)
-    print(f"{'setup':28} {'goodput':>9} {'tail':>9} {'token':>9} {'sims':>5} {'wall_s':>7}")
-    for r in results:
-        c = r["capacity"]
-        print(f"{r['setup']:28} {c['goodput']:9.3f} {c['tail']:9.3f} {c['token']:9.3f} "
-              f"{r['simulations']:5d} {r['wall_s']:7.1f}")
 
 
 if __name__ == "__main__":

@@ -25,6 +25,20 @@ from sloserve.services.store import DEFAULT_REDIS_URL, Keys
 FLUSH_INTERVAL_S = 0.1
 
 
+SPIN_S = 0.002  # the last stretch of a wait is a blocking sleep: asyncio's timer is ms-coarse
+
+
+async def _wait_until(deadline: float) -> None:
+    """Sleep until ``deadline`` (perf_counter): asyncio for the bulk, keeping the loop
+    responsive, then ``time.sleep`` (about 0.2 ms late instead of asyncio's 0.7 ms)."""
+    left = deadline - time.perf_counter()
+    if left > SPIN_S:
+        await asyncio.sleep(left - SPIN_S)
+    left = deadline - time.perf_counter()
+    if left > 0:
+        time.sleep(left)
+
+
 class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # generated
     def __init__(self, backend: Backend, redis: aioredis.Redis, keys: Keys) -> None:
         self.backend = backend
@@ -48,9 +62,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # 
             start = time.perf_counter()
             step = self.backend.execute(plan)
             if step.realtime_wait:  # sim: really wait the batch's time, minus our own work
-                left = step.duration_s - (time.perf_counter() - start)
-                if left > 0:
-                    await asyncio.sleep(left)
+                await _wait_until(start + step.duration_s)
                 measured = time.perf_counter() - start
             else:
                 measured = step.duration_s

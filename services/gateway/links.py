@@ -18,6 +18,7 @@ import structlog
 from sloserve.services import rpc
 from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
 
+MAX_BACKOFF_S = 0.25  # reconnect quickly: a restarted scheduler waits for our Hello
 Msg = Any  # scheduler_pb2.SchedulerInput (generated, untyped)
 
 
@@ -66,7 +67,7 @@ class SchedulerLink:
                 self.connected = False
                 q.put_nowait(None)
             await asyncio.sleep(backoff)
-            backoff = min(1.0, backoff * 2)
+            backoff = min(MAX_BACKOFF_S, backoff * 2)
 
 
 async def _drain(q: asyncio.Queue[Msg | None]) -> AsyncIterator[Msg]:

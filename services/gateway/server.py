@@ -99,10 +99,15 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
             f = self.flights.get(rid)
             if f is None or f.instance_id != instance_id:
                 continue
+            try:
+                target = self.router.route_offload(f.req, now)
+            except ValueError as exc:  # no HP instance to take it
+                f.events.put_nowait(scheduler_pb2.Drop(request_id=rid, reason=str(exc)))
+                continue
             f.req.num_offloads += 1
             f.spec.num_offloads += 1
-            f.instance_id = self.router.route_offload(f.req, now)
-            self.links[f.instance_id].submit(f.spec)
+            f.instance_id = target
+            self.links[target].submit(f.spec)
             self.log.info("offload", request=rid, src=instance_id, dst=f.instance_id)
         for drop in out.dropped:
             f = self.flights.get(drop.request_id)

@@ -7,10 +7,11 @@ the instance state go up the gateway stream in one message. This file makes
 no scheduling decision; it moves messages and persists state (``state.py``).
 
 Restart: accepted requests are reloaded from Redis and re-queued as waiting
-(running ones recompute, vLLM's preemption semantics). When the gateway
-reconnects its ``Hello`` lists its in-flight requests: known ones resume
-(tokens the gateway lacks are replayed), unknown ones are admitted afresh
-with the tokens the gateway already has, and unlisted ones are cancelled.
+(running ones recompute, vLLM's preemption semantics); nothing runs until the
+gateway reconnects. Its ``Hello`` lists its in-flight requests: known ones
+resume (tokens the gateway lacks are replayed; tokens it has and we regenerate
+carry their index, so it drops them), unknown ones are admitted afresh with
+the tokens the gateway already has, and unlisted ones are cancelled.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +32,7 @@ import redis.asyncio as aioredis
 from prometheus_client import Gauge, Histogram
 
 from sloserve.batch import BatchPlan
-from sloserve.instance import Instance
+from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
 from sloserve.policies import PolicyConfig, make_policy
 from sloserve.request import Request
@@ -78,6 +80,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self.freed: list[str] = []
         self.wake = asyncio.Event()
+        self.synced = asyncio.Event()  # a gateway said which requests it still wants
         self.need_tables = executor.backend != "sim"
         self.iterations = 0
         self.overhead: deque[float] = deque(maxlen=5000)
@@ -131,6 +134,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             del spec.generated_token_ids[:]
             spec.generated_token_ids.extend(tokens)
             self.admit(spec, now, persist=False)
+        if not self.records:
+            self.synced.set()
         self.log.info("restored", requests=len(self.records))
 
     # --- gateway stream ------------------------------------------------------------
@@ -164,6 +169,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             self.cancel(rid, now)
         for spec in hello.inflight:
             self.admit(spec, now)
+        self.synced.set()
         self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
 
     async def _read(
@@ -231,31 +237,47 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
         return msg
 
     def _apply(
-        self, plan: BatchPlan, res: executor_pb2.IterationResult, end: float,
+        self, plan: BatchPlan, res: executor_pb2.IterationResult, end: float
+    ) -> list[tuple[TokenEvent, int]]:
+        """Apply an executed plan to the instance; returns its tokens with their ids."""
+        sampled = {t.request_id: t.token_id for t in res.tokens}
+        events = self.instance.complete(plan, end, res.stopped)
+        out = []
+        for ev in events:
+            tok = sampled[ev.request_id]
+            self.records[ev.request_id].tokens.append(tok)
+            out.append((ev, tok))
+        return out
+
+    def _report(
+        self, tokens: list[tuple[TokenEvent, int]], stopped: Sequence[str],
         out: scheduler_pb2.SchedulerOutput,
     ) -> None:
-        sampled = {t.request_id: t.token_id for t in res.tokens}
-        stopped = set(res.stopped)
-        events = self.instance.complete(plan, end, stopped)
-        appended: dict[str, int] = {}
-        for ev in events:
-            rec = self.records[ev.request_id]
-            tok = sampled[ev.request_id]
-            rec.tokens.append(tok)
-            appended[ev.request_id] = tok
-            out.tokens.add(request_id=ev.request_id, index=ev.index, token_id=tok, time=end,
-                           finished=ev.finished, stopped=ev.request_id in stopped)
-        if appended:
-            self.store.append_tokens(appended)
-        for ev in events:
+        """Tokens to the gateway and to Redis; finished requests released."""
+        stop = set(stopped)
+        for ev, tok in tokens:
+            out.tokens.add(request_id=ev.request_id, index=ev.index, token_id=tok, time=ev.time,
+                           finished=ev.finished, stopped=ev.request_id in stop)
+        if tokens:
+            self.store.append_tokens({ev.request_id: tok for ev, tok in tokens})
+        for ev, _ in tokens:
             if ev.finished:
                 self._release(ev.request_id)
+        self._send(out)
 
     async def run(self, executor: executor_grpc.ExecutorStub) -> None:
+        # after a restart, run nothing until the gateway's Hello: it says which restored
+        # requests are still wanted, and tokens made before then could not be delivered
+        await self.synced.wait()
         call = executor.Execute()
         inst = self.instance
         prev_recv: float | None = None  # end of the previous busy iteration
+        report: tuple[list[tuple[TokenEvent, int]], Sequence[str],
+                      scheduler_pb2.SchedulerOutput] | None = None
         while True:
+            if report is not None and not inst.has_work:
+                self._report(*report)
+                report = None
             if not inst.has_work:
                 self._send(scheduler_pb2.SchedulerOutput(state=self._state(time.time())))
                 prev_recv = None
@@ -274,6 +296,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 self._release(req.request_id)
                 out.dropped.add(request_id=req.request_id, reason=DROP_REASON)
             if plan.is_empty:
+                if report is not None:
+                    self._report(*report)
+                    report = None
                 out.state.CopyFrom(self._state(now))
                 self._send(out)
                 prev_recv = None
@@ -282,14 +307,17 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                     await asyncio.wait_for(self.wake.wait(), IDLE_POLL_S)
                 continue
             await call.write(self._plan_msg(plan))
+            self._send(out)  # offloads and drops decided with this plan
+            if report is not None:  # the previous batch's tokens, off the critical path
+                self._report(*report)
+                report = None
             res = await call.read()
             if res is grpc.aio.EOF:
                 raise ConnectionError("executor: the Execute stream ended")
             t_recv = time.perf_counter()
             end = time.time()
-            self._apply(plan, res, end, out)
-            out.state.CopyFrom(self._state(end))
-            self._send(out)
+            tokens = self._apply(plan, res, end)
+            report = (tokens, res.stopped, scheduler_pb2.SchedulerOutput(state=self._state(end)))
             self.schedule_time.append(t1 - t0)
             self._m_iter.observe(res.duration_s)
             if prev_recv is not None:
@@ -345,6 +373,8 @@ async def serve(args: argparse.Namespace) -> None:
         lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
     )
     obs.start_metrics(args.metrics_port, args.host)
+    gc.collect()
+    gc.freeze()  # long-lived startup objects leave the collector's scans (GC pauses hit p99)
     tasks = [asyncio.create_task(svc.run(executor)), asyncio.create_task(store.flush_forever()),
              follower]
     svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,

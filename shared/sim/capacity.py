@@ -23,6 +23,7 @@ def find_capacity(
     target: float = 0.9,
     *,
     qps_start: float = 1.0,
+    qps_max: float | None = None,
     rel_tol: float = 0.05,
     max_probes: int = 14,
     cache: dict[float, dict[str, Any]] | None = None,
@@ -31,6 +32,10 @@ def find_capacity(
     """Bracket the capacity by doubling/halving from ``qps_start``, then bisect.
 
     ``cache`` (qps -> summary) lets several criteria share probes of one setup.
+    Doubling stops at ``qps_max`` (default ``64 * qps_start``): a criterion still
+    met there is reported with ``"at_search_limit": true`` — e.g. a per-gap
+    criterion that queueing delay only touches through the first token of a
+    finite run (see docs/core-results.md).
     """
     check_criterion(criterion, cfg.tbt_slo)
     if not 0 < target <= 1:
@@ -54,16 +59,18 @@ def find_capacity(
         })
         return good
 
+    qps_max = 64 * qps_start if qps_max is None else qps_max
     lo, hi = 0.0, qps_start
     if ok(hi):
         lo = hi
-        while len(probes) < max_probes:
-            hi = lo * 2
+        while True:
+            if lo >= qps_max or len(probes) >= max_probes:
+                hi = float("inf")
+                break
+            hi = min(lo * 2, qps_max)
             if not ok(hi):
                 break
             lo = hi
-        else:
-            hi = float("inf")
     else:
         while len(probes) < max_probes:
             hi_new = hi / 2
@@ -78,4 +85,4 @@ def find_capacity(
         else:
             hi = mid
     return {"capacity_qps": round(lo, 4), "criterion": criterion, "target": target,
-            "probes": probes}
+            "at_search_limit": hi == float("inf"), "probes": probes}

@@ -52,3 +52,79 @@ def test_sigkilled_scheduler_resumes_every_stream_without_loss_or_duplicates(
 
         rid = chunks[0].request_id
         assert [c.token_id for c in chunks] == [pseudo_token(rid, i) for i in range(max_tokens)]
+
+
+def test_reconnecting_gateway_gets_the_tokens_it_lacks_replayed(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """The resume protocol itself: a new stream's Hello says 4 tokens arrived; the
+    scheduler replays from index 4 and carries on to the end, once each."""
+    import asyncio
+
+    import grpc
+
+    from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
+
+    stack = start_stack(policy="sarathi")
+    stack.kill("gateway")  # this test is the gateway
+    target = stack.services["scheduler-lp0"].address
+    spec = common_pb2.RequestSpec(request_id="resume-me", prompt_token_ids=[66] * 40,
+                                  max_tokens=40, arrival_time=time.time())
+
+    async def connect(hello: scheduler_pb2.Hello, until: int) -> list[scheduler_pb2.TokenEvent]:
+        q: asyncio.Queue[scheduler_pb2.SchedulerInput] = asyncio.Queue()
+        q.put_nowait(scheduler_pb2.SchedulerInput(hello=hello))
+
+        async def inputs():  # type: ignore[no-untyped-def]
+            while True:
+                yield await q.get()
+
+        got: list[scheduler_pb2.TokenEvent] = []
+        async with grpc.aio.insecure_channel(target) as ch:
+            call = scheduler_grpc.SchedulerStub(ch).Connect(inputs())
+            async for out in call:
+                got += [t for t in out.tokens if t.request_id == spec.request_id]
+                if len(got) >= until or (got and got[-1].finished):
+                    call.cancel()
+                    break
+        return got
+
+    async def scenario() -> tuple[list[int], list[int]]:
+        first = await connect(scheduler_pb2.Hello(gateway_id="t", inflight=[spec]), until=10)
+        resumed = common_pb2.RequestSpec()
+        resumed.CopyFrom(spec)
+        resumed.generated_token_ids.extend(t.token_id for t in first[:4])
+        second = await connect(scheduler_pb2.Hello(gateway_id="t", inflight=[resumed]), 10**6)
+        return [t.index for t in first], [t.index for t in second]
+
+    first, second = asyncio.run(scenario())
+    assert first[:10] == list(range(10))
+    assert second == list(range(4, 40))  # replayed 4..9 once, then the rest, then finished
+
+
+def test_gateway_drops_token_events_it_already_has() -> None:
+    import asyncio
+
+    from sloserve.request import Request
+    from sloserve.router import Router
+    from sloserve.services.gateway.server import Flight, GatewayService
+    from sloserve.services.proto import common_pb2, executor_pb2, scheduler_pb2
+
+    async def scenario() -> list[int]:
+        desc = executor_pb2.ExecutorDescription(max_context=4096, kv_capacity_blocks=64,
+                                                block_size=16)
+        gw = GatewayService(Router(["lp0"]), {"lp0": scheduler_pb2.SchedulerStatus(
+            role="lp", executor=desc)}, {"lp0": "127.0.0.1:9"}, {})
+        spec = common_pb2.RequestSpec(request_id="r", prompt_token_ids=[1], max_tokens=5)
+        f = Flight(spec, Request("r", 0.0, 1, 5), "lp0", asyncio.Queue())
+        gw.flights["r"] = f
+        for idx in (0, 1, 0, 1, 2, 2, 3):  # a restarted scheduler regenerates 0..2
+            gw.on_output("lp0", scheduler_pb2.SchedulerOutput(tokens=[
+                scheduler_pb2.TokenEvent(request_id="r", index=idx, token_id=100 + idx)]))
+        out = []
+        while not f.events.empty():
+            out.append((await f.events.get()).index)
+        assert list(spec.generated_token_ids) == [100, 101, 102, 103]
+        return out
+
+    assert asyncio.run(scenario()) == [0, 1, 2, 3]
