@@ -33,7 +33,7 @@ class StackConfig:
     host: str = "127.0.0.1"
     gateway_port: int = 50051
     redis_url: str | None = None  # None: $REDIS_URL, else embedded
-    prefix: str = ""  # "" : sloserve:<random>
+    prefix: str = ""  # "": sloserve:<random>, whose keys are deleted on stop
     token_budget: int = 512
     max_num_seqs: dict[str, int] = field(default_factory=lambda: {"lp": 256, "hp": 256})
     ttft_slo: float | None = 1.0  # gateway defaults
@@ -181,6 +181,17 @@ class Stack:
         if self.embedded is not None:
             self.embedded.close()
             self.embedded = None
+        elif not self.cfg.prefix and self.redis_url:
+            self._forget_keys()  # a random prefix can never be resumed: leave Redis clean
+
+    def _forget_keys(self) -> None:
+        import redis
+
+        r = redis.Redis.from_url(self.redis_url)
+        keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
+        for k in range(0, len(keys), 1000):
+            r.delete(*keys[k:k + 1000])
+        r.close()
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -26,6 +26,7 @@ class Chunk:
     finish_reason: str | None  # None while streaming; "length" or "stop" on the last chunk
     instance_id: str
     num_offloads: int
+    produced_time: float  # when the instance's iteration produced it (before the gateway hop)
 
 
 def _request(
@@ -47,7 +48,7 @@ def _request(
 
 def _chunk(c: gateway_pb2.GenerateChunk) -> Chunk:
     return Chunk(c.request_id, c.index, c.token_id, c.text, c.time, c.arrival_time,
-                 c.finish_reason or None, c.instance_id, c.num_offloads)
+                 c.finish_reason or None, c.instance_id, c.num_offloads, c.produced_time)
 
 
 def _info(r: gateway_pb2.InfoResponse) -> dict[str, Any]:

@@ -85,7 +85,7 @@ class TorchBackend:
             @staticmethod
             def batch_time(shape: BatchShape) -> float:
                 try:
-                    return engine.profile_batch(shape)
+                    return float(engine.profile_batch(shape))
                 except ValueError:  # more KV than this engine holds: not a sample
                     return 0.0
 

@@ -183,6 +183,7 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
                     text=detok.push(ev.token_id), time=time.time(), arrival_time=now,
                     finish_reason=_finish_reason(ev, spec.max_tokens) if done else "",
                     instance_id=f.instance_id, num_offloads=spec.num_offloads,
+                    produced_time=ev.time,
                 )
         finally:
             self.flights.pop(rid, None)

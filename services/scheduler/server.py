@@ -118,6 +118,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
     def cancel(self, request_id: str, now: float) -> None:
         if self.instance.cancel(request_id, now) is not None:
             self._release(request_id)
+            self.wake.set()  # an idle loop flushes the removal
 
     def _release(self, request_id: str) -> None:
         rec = self.records.pop(request_id)
@@ -279,6 +280,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 self._report(*report)
                 report = None
             if not inst.has_work:
+                self.store.kick(time.perf_counter(), interval=0.0)
                 self._send(scheduler_pb2.SchedulerOutput(state=self._state(time.time())))
                 prev_recv = None
                 self.wake.clear()
@@ -301,6 +303,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                     report = None
                 out.state.CopyFrom(self._state(now))
                 self._send(out)
+                self.store.kick(time.perf_counter())
                 prev_recv = None
                 self.wake.clear()
                 with contextlib.suppress(TimeoutError):
@@ -311,6 +314,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             if report is not None:  # the previous batch's tokens, off the critical path
                 self._report(*report)
                 report = None
+            self.store.kick(time.perf_counter())
             res = await call.read()
             if res is grpc.aio.EOF:
                 raise ConnectionError("executor: the Execute stream ended")

@@ -4,9 +4,11 @@
 * ``inst:<instance>:tok:<id>``: its generated token ids, appended per iteration;
 * ``inst:<instance>:queue``: the instance's accepted, unfinished ids by arrival.
 
-Writes are queued and sent as one pipeline every ``FLUSH_INTERVAL_S`` by a
-background task, in order, so the iteration loop never waits on Redis. A write
-lost in a crash is harmless: the gateway re-announces its in-flight requests
+Writes are queued and sent, in order, as one pipeline by a background task
+that the iteration loop kicks right after a plan leaves for the executor (at
+most every ``FLUSH_INTERVAL_S``), so Redis work overlaps the batch instead of
+delaying the next plan, and the loop never waits on Redis. A write lost in a
+crash is harmless: the gateway re-announces its in-flight requests
 on reconnect (``Hello``) and token indices make replays idempotent.
 """
 
@@ -30,6 +32,7 @@ class RequestStore:
     def __init__(self, redis: aioredis.Redis, keys: Keys, instance_id: str) -> None:
         self.redis, self.keys, self.instance_id = redis, keys, instance_id
         self._ops: list[Op] = []
+        self._last_flush = 0.0
         self._wanted = asyncio.Event()
 
     async def restore(self) -> list[tuple[common_pb2.RequestSpec, list[int]]]:
@@ -49,7 +52,6 @@ class RequestStore:
     # --- queued writes ---------------------------------------------------------
     def _queue(self, op: Op) -> None:
         self._ops.append(op)
-        self._wanted.set()
 
     def accept(self, spec: common_pb2.RequestSpec) -> None:
         rid, k, i = spec.request_id, self.keys, self.instance_id
@@ -86,9 +88,14 @@ class RequestStore:
                     op(pipe)
                 await pipe.execute()
 
-    async def flush_forever(self, interval: float = FLUSH_INTERVAL_S) -> None:
+    def kick(self, now: float, interval: float = FLUSH_INTERVAL_S) -> None:
+        """Let the writer send what is queued (``now``: a monotonic clock)."""
+        if self._ops and now - self._last_flush >= interval:
+            self._last_flush = now
+            self._wanted.set()
+
+    async def flush_forever(self) -> None:
         while True:
             await self._wanted.wait()
-            await asyncio.sleep(interval)  # coalesce several iterations into one pipeline
             self._wanted.clear()
             await self.flush()
