@@ -17,4 +17,9 @@ for name, path in ROOTS.items():
         packages.append(f"{name}.{sub}")
         package_dir[f"{name}.{sub}"] = f"{path}/{sub.replace('.', '/')}"
 
-setup(packages=packages, package_dir=package_dir)
+# The .proto sources travel inside the package so an installed (non-editable)
+# sloserve can generate its gRPC code: services/proto.py looks in services/protos.
+packages.append("sloserve.services.protos")
+package_dir["sloserve.services.protos"] = "protos"
+
+setup(packages=packages, package_dir=package_dir)  # package data: pyproject.toml
