@@ -10,6 +10,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
+import os
+_TR: list = []
 from collections.abc import AsyncIterator
 
 import grpc
@@ -66,7 +68,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # 
                 measured = time.perf_counter() - start
             else:
                 measured = step.duration_s
-            yield executor_pb2.IterationResult(
+            _t2 = time.perf_counter()
+            _m = executor_pb2.IterationResult(
                 iteration=plan.iteration,
                 tokens=[
                     executor_pb2.SampledToken(request_id=r, token_id=t)
@@ -76,6 +79,13 @@ class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # 
                 duration_s=measured,
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
             )
+            _t3 = time.perf_counter()
+            yield _m
+            _TR.append((plan.iteration, start, _t2, _t3, time.perf_counter()))
+            if len(_TR) >= 200:
+                with open(f"/tmp/trace/exec.{os.getpid()}", "a") as f:
+                    for r in _TR: f.write(" ".join(map(str, r)) + "\n")
+                _TR.clear()
             if plan.items:
                 self._pending.append(BatchSample(plan_shape(plan), measured))
                 self._flush_wanted.set()

@@ -7,6 +7,8 @@ its prompt plus any tokens generated before a restart or offload (recompute).
 
 from __future__ import annotations
 
+import threading
+
 from sloserve.batch import BatchPlan, BatchSample, BatchShape, ScheduledItem
 from sloserve.services.executor.backends import Step
 from sloserve.services.proto import executor_pb2
@@ -36,21 +38,30 @@ class TorchBackend:
             model, weights=weights, device=device, dtype=dtype, num_blocks=num_blocks,
             block_size=block_size, seed=seed,
         )
+        # Random-weight presets (tiny, ...) have no meaningful EOS: stopping on it would
+        # cut benchmark outputs short at random, so they generate exactly max_tokens.
+        self.ignore_eos = not self.engine.weights_loaded
+        # The warm-up sweep (run in a thread at startup) writes KV into any block and
+        # adds private sequences: plans wait for it rather than share the engine.
+        self._engine_lock = threading.Lock()
 
     def describe(self) -> executor_pb2.ExecutorDescription:
-        tok = getattr(self.engine.tokenizer, "_tok", None)  # tokenizers.Tokenizer, if BPE
         shape = self.engine.config.shape
         return executor_pb2.ExecutorDescription(
             model=shape.name, hardware=self.gpu, backend="torch",
             kv_capacity_blocks=self.engine.num_blocks, block_size=self.engine.block_size,
-            max_context=shape.max_context, tokenizer_json=tok.to_str() if tok else "",
+            max_context=shape.max_context, tokenizer_json=self.engine.tokenizer_json(),
         )
 
     def reset(self) -> None:
-        for rid in list(self.engine._seqs):  # noqa: SLF001 - engine has no bulk reset
-            self.engine.free(rid)
+        with self._engine_lock:
+            self.engine.reset()
 
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
+        with self._engine_lock:
+            return self._execute(plan)
+
+    def _execute(self, plan: executor_pb2.BatchPlan) -> Step:
         from sloserve.model.sampling import SamplingParams
 
         for rid in plan.freed:
@@ -63,7 +74,7 @@ class TorchBackend:
             self.engine.add_request(
                 seq.request_id,
                 [*seq.prompt_token_ids, *seq.generated_token_ids],
-                SamplingParams(max_tokens=max(1, left)),
+                SamplingParams(max_tokens=max(1, left), ignore_eos=self.ignore_eos),
             )
         core = BatchPlan(
             items=[
@@ -89,5 +100,6 @@ class TorchBackend:
                 except ValueError:  # more KV than this engine holds: not a sample
                     return 0.0
 
-        sweep = profile_sweep(_Timing(), engine.perf_shape, max_tokens=256)
+        with self._engine_lock:
+            sweep = profile_sweep(_Timing(), engine.perf_shape, max_tokens=256)
         return [s for s in sweep if s.duration > 0]

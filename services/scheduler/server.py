@@ -20,6 +20,8 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import os
+_TR: list = []
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -287,6 +289,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 await self.wake.wait()
                 continue
             t0 = time.perf_counter()
+            _T = [prev_recv or 0.0, t0]
             now = time.time()
             plan, offloaded, dropped = inst.schedule(now)
             t1 = time.perf_counter()
@@ -309,18 +312,28 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), IDLE_POLL_S)
                 continue
-            await call.write(self._plan_msg(plan))
+            _m = self._plan_msg(plan)
+            _T.append(time.perf_counter())
+            await call.write(_m)
+            _T.append(time.perf_counter())
             self._send(out)  # offloads and drops decided with this plan
             if report is not None:  # the previous batch's tokens, off the critical path
                 self._report(*report)
                 report = None
             self.store.kick(time.perf_counter())
+            _T.append(time.perf_counter())
             res = await call.read()
             if res is grpc.aio.EOF:
                 raise ConnectionError("executor: the Execute stream ended")
             t_recv = time.perf_counter()
             end = time.time()
             tokens = self._apply(plan, res, end)
+            _T += [self.iterations, t1, t_recv, time.perf_counter(), res.duration_s, len(plan.items), gc.get_count()[0]]
+            _TR.append(_T)
+            if len(_TR) >= 200:
+                with open(f"/tmp/trace/sched.{os.getpid()}", "a") as f:
+                    for r in _TR: f.write(" ".join(map(str, r)) + "\n")
+                _TR.clear()
             report = (tokens, res.stopped, scheduler_pb2.SchedulerOutput(state=self._state(end)))
             self.schedule_time.append(t1 - t0)
             self._m_iter.observe(res.duration_s)

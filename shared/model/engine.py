@@ -165,6 +165,15 @@ class TorchEngine:
         """Forget a finished or cancelled request (no-op if unknown)."""
         self._seqs.pop(request_id, None)
 
+    def reset(self) -> None:
+        """Forget every request (a new scheduler stream starts from nothing)."""
+        self._seqs.clear()
+
+    def tokenizer_json(self) -> str:
+        """The model's ``tokenizer.json`` text; empty for the byte-level tokenizer."""
+        tok = getattr(self.tokenizer, "_tok", None)  # BPETokenizer wraps tokenizers.Tokenizer
+        return tok.to_str() if tok is not None else ""
+
     def preempted(self, request_id: str) -> None:
         """Recompute preemption: keep the token ids, the next prefill rebuilds the KV."""
         seq = self._seqs.get(request_id)

@@ -38,13 +38,14 @@ multiplicative lognormal noise. N = tokens in the batch, B = sequences.
 from __future__ import annotations
 
 import math
-import random
 from dataclasses import dataclass
 
 import numpy as np
+
 from sloserve.batch import BatchShape
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
+from sloserve.perf.noise import RunToRunNoise
 from sloserve.perf.profiles import extrapolation_slope, load_mlp_profile
 
 
@@ -83,9 +84,7 @@ class ProfileTiming:
         hw = get_hardware(profile.gpu)
         kern = _KERNELS[profile.gpu]
         self.model, self.gpu, self.tp, self.noise_cv = profile.model, profile.gpu, tp, noise_cv
-        self._rng = random.Random(seed)
-        self._sigma = math.sqrt(math.log1p(noise_cv * noise_cv))
-        self._mu = -0.5 * self._sigma * self._sigma
+        self._noise = RunToRunNoise(seed, noise_cv)
         L = shape.num_layers
         x = profile.num_tokens
         self._max = int(x[-1])
@@ -160,6 +159,4 @@ class ProfileTiming:
     def batch_time(self, shape: BatchShape) -> float:
         """Measured duration of ``shape``: noiseless time x lognormal noise (mean 1)."""
         t = self.noiseless_time(shape)
-        if self._sigma and t:
-            t *= self._rng.lognormvariate(self._mu, self._sigma)
-        return t
+        return self._noise.apply(t)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ import numpy as np
 
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.perf.hardware import Hardware, register_hardware
+from sloserve.perf.noise import RunToRunNoise
 
 FEATURES = ("iteration", "prefill_chunks", "sequences", "tokens", "prefill_pairs", "kv_slots")
 
@@ -75,9 +75,7 @@ class MeasuredTiming:
         t = np.array([s.duration for s in rows])
         self.coefficients: tuple[float, ...] = tuple(_nnls_relative(x, t).tolist())
         self.noise_cv = noise_cv
-        self._rng = random.Random(seed)
-        self._sigma = math.sqrt(math.log1p(noise_cv * noise_cv))
-        self._mu = -0.5 * self._sigma * self._sigma
+        self._noise = RunToRunNoise(seed, noise_cv)
 
     @classmethod
     def from_file(cls, path: str | Path, seed: int = 0, noise_cv: float = 0.03) -> MeasuredTiming:
@@ -98,9 +96,7 @@ class MeasuredTiming:
     def batch_time(self, shape: BatchShape) -> float:
         """Fitted time of ``shape`` x lognormal noise (mean 1, CV ``noise_cv``)."""
         t = self.noiseless_time(shape)
-        if self._sigma and t:
-            t *= self._rng.lognormvariate(self._mu, self._sigma)
-        return t
+        return self._noise.apply(t)
 
     def mape(self, samples: Sequence[BatchSample]) -> float:
         errs = [abs(self.noiseless_time(s.shape) - s.duration) / s.duration

@@ -22,6 +22,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 
 import numpy as np
+
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.perf.analytic import AnalyticCost
 from sloserve.perf.hardware import Hardware
