@@ -71,7 +71,8 @@ def add_parser(sub: Any) -> None:
     cap.add_argument("--qps-start", type=_positive(float), default=1.0)
     cmp = sub.add_parser("compare", help="every policy on the same workload, side by side")
     _common(cmp, compare=True)
-    cmp.add_argument("--qps", type=_positive(float), default=3.0)
+    cmp.add_argument("--qps", type=_positive(float), default=8.0,
+                     help="whole-deployment rate (default near 3 A100s' capacity)")
     cmp.set_defaults(trace="sharegpt", policy="sarathi")
 
 
@@ -131,21 +132,24 @@ def _compare(args: argparse.Namespace) -> int:
     """Same seed, workload and GPUs for every policy; Ascendra splits them LP/HP."""
     from sloserve.sim.simulator import simulate
 
-    rows = []
+    rows, cfg = [], None
     for policy in POLICIES:
         args.policy = policy
         args.hp_instances = max(1, args.instances // 3) if policy == "ascendra" else 0
         if policy == "ascendra" and args.instances < 2:
             continue
-        rows.append(simulate(config_from_args(args, args.qps)))
+        cfg = config_from_args(args, args.qps)
+        rows.append(simulate(cfg))
+    assert cfg is not None
     if args.json:
         print(json.dumps(_clean(rows), allow_nan=False))
         return 0
     cols = ("policy", "instances", "goodput_share", "ttft_p50", "ttft_p99", "tbt_token_p99",
             "mean_tbt_p99", "token_criterion_share", "throughput_tok_s", "preemptions",
             "sim_wall_s")
-    print(f"{args.num_requests} requests, {args.trace or args.trace_file}, qps {args.qps}, "
-          f"{args.model} on {args.gpu}, TTFT SLO {args.ttft_slo}s, TBT SLO {args.tbt_slo}s")
+    slos = "hetero SLOs" if cfg.slo_mix else f"TTFT SLO {cfg.ttft_slo}s, TBT SLO {cfg.tbt_slo}s"
+    print(f"{args.num_requests} requests, {args.trace or args.trace_file}, {args.qps} req/s, "
+          f"{args.instances} x {args.model} on {args.gpu}, {slos}")
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
         cells = [r.get(c) for c in cols]

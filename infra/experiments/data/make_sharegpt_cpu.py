@@ -17,7 +17,7 @@ from pathlib import Path
 
 from sloserve.workload.traces import load_trace
 
-SCALE = 16
+SCALE = 8
 MAX_CONTEXT = 2048  # tiny's max_context
 OUT = Path(__file__).with_name("sharegpt_cpu.csv")
 
