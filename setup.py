@@ -4,7 +4,11 @@
 
 from setuptools import find_packages, setup
 
-ROOTS = {"sloserve": "shared", "sloserve.services": "services", "sloserve.client": "services/client"}
+ROOTS = {
+    "sloserve": "shared",
+    "sloserve.services": "services",
+    "sloserve.client": "services/client",
+}
 
 packages: list[str] = []
 package_dir: dict[str, str] = {}

@@ -31,7 +31,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
         p.add_argument("--policy", required=True, choices=POLICIES)
     p.add_argument("--instances", type=_positive(int), default=3 if compare else 1)
     p.add_argument("--hp-instances", type=int, default=0,
-                   help="Ascendra HP instances among --instances (2L1H: --instances 3 --hp-instances 1)")
+                   help="Ascendra HP instances among --instances (2L1H: 3 and 1)")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
     src = p.add_mutually_exclusive_group(required=not compare)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan
 from sloserve.kv import BlockManager
@@ -18,7 +18,8 @@ from sloserve.policies.base import InstanceView, Policy
 from sloserve.request import Request, RequestStatus
 
 
-class TokenEvent(NamedTuple):
+@dataclass(slots=True)
+class TokenEvent:
     request_id: str
     index: int  # 0 = first output token
     time: float

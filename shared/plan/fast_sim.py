@@ -155,7 +155,8 @@ def kv_transfer_time(est: Estimator, prompt_len: np.ndarray) -> np.ndarray:
     the prefill phase's ``e_+`` (the same link model as eq. 8)."""
     m, hw = est.model, est.hw
     rate = est.config.prefill.e_plus * hw.interconnect_bw
-    return prompt_len * m.kv_bytes_per_token / est.tp / rate  # type: ignore[no-any-return]
+    out: np.ndarray = prompt_len * m.kv_bytes_per_token / est.tp / rate
+    return out
 
 
 def simulate_disaggregated(prefill_est: Estimator, decode_est: Estimator, reqs: Requests,

@@ -131,7 +131,7 @@ class AccelGenPolicy(Policy):
         self._add_decodes(b, view.running, decodes, now)
         prefills = [r for r in view.running if r.in_prefill and not b.removed(r)]
         self._long_busy = any(self._is_long(r) for r in prefills)
-        self._popped: list[Entry] = []
+        self._popped = []
 
         # Algorithm 1 line 1, U -> B: urgent ongoing and waiting requests, ascending T_r
         # (a waiting one that finds no KV blocks the rest: it is the most urgent, §4.3)

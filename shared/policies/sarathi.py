@@ -14,6 +14,7 @@ from __future__ import annotations
 from sloserve.batch import BatchPlan
 from sloserve.policies import register
 from sloserve.policies.base import BatchBuilder, InstanceView, Policy, add_decodes, can_admit
+from sloserve.request import Request
 
 
 @register
@@ -22,7 +23,8 @@ class SarathiPolicy(Policy):
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         b = BatchBuilder(view, self.config.token_budget, self.config.max_num_seqs)
-        decodes, prefills = [], []
+        decodes: list[Request] = []
+        prefills: list[Request] = []
         for r in view.running:
             (prefills if r.in_prefill else decodes).append(r)
         add_decodes(b, decodes)

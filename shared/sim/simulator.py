@@ -198,11 +198,11 @@ class Simulation:
         from sloserve.metrics import summarize
 
         reqs: list[Request] = self.workload.requests
-        out = summarize(
+        out: dict[str, Any] = dict(summarize(
             reqs,
             kv_utilization=self.kv_util_sum / max(1, self.num_iterations),
             preemptions=sum(i.num_preemptions for i in self.instances),
-        )
+        ))
         out.update(
             policy=self.cfg.policy,
             instances=self.cfg.instances,
