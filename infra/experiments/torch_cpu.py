@@ -28,12 +28,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import numpy as np
 import redis
-import torch
 
 from sloserve.batch import BatchShape
 from sloserve.metrics import meets
@@ -53,8 +52,8 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CRITERIA = ("goodput", "tail", "token")
 
 
-def run(cmd: list[str], **kw: Any) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, **kw).stdout
+def run(cmd: list[str]) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
 
 
 def serving_profile(threads: int) -> Path:
@@ -91,16 +90,20 @@ def workload_args(qps: float, n: int, slo: dict[str, float]) -> list[str]:
             "--seed", "0", "--json"]
 
 
-def simulate(policy: str, qps: float, n: int, slo: dict[str, float]) -> dict[str, Any]:
+def simulate(
+    policy: str, qps: float, n: int, slo: dict[str, float], profile: Path
+) -> dict[str, Any]:
     out = run(["sloserve", "simulate", "--policy", policy, "--model", "tiny",
-               "--timing-profile", str(PROFILE), "--token-budget", str(slo["token_budget"]),
+               "--timing-profile", str(profile), "--token-budget", str(slo["token_budget"]),
                *workload_args(qps, n, slo)])
     return dict(json.loads(out))
 
 
-def sim_capacity(policy: str, criterion: str, n: int, slo: dict[str, float]) -> float:
+def sim_capacity(
+    policy: str, criterion: str, n: int, slo: dict[str, float], profile: Path
+) -> float:
     out = run(["sloserve", "capacity", "--policy", policy, "--model", "tiny",
-               "--timing-profile", str(PROFILE), "--token-budget", str(slo["token_budget"]),
+               "--timing-profile", str(profile), "--token-budget", str(slo["token_budget"]),
                "--trace-file", str(TRACE), "--num-requests", str(n),
                "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"]),
                "--criterion", criterion, "--json"])
@@ -110,7 +113,7 @@ def sim_capacity(policy: str, criterion: str, n: int, slo: dict[str, float]) -> 
 class LiveStack:
     """``sloserve up --backend torch --model tiny --gpu cpu`` in a child process."""
 
-    def __init__(self, policy: str, port: int, slo: dict[str, float]) -> None:
+    def __init__(self, policy: str, port: int, slo: dict[str, float], threads: int) -> None:
         self.prefix = f"torchcpu:{policy}:{os.getpid()}"
         self.proc = subprocess.Popen(
             ["sloserve", "up", "--backend", "torch", "--model", "tiny", "--gpu", "cpu",
@@ -118,6 +121,7 @@ class LiveStack:
              "--prefix", self.prefix, "--token-budget", str(slo["token_budget"]),
              "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"])],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads)},  # torch's intra-op threads
         )
         self.addresses: dict[str, str] = {}
         assert self.proc.stdout is not None
@@ -140,7 +144,8 @@ class LiveStack:
     def run_samples(self) -> list[Any]:
         """Executed batches appended to the samples stream since the last call."""
         time.sleep(0.5)  # the executor flushes every 0.1 s
-        entries = self.redis.xrange(f"{self.prefix}:samples", min=f"({self.last_id}")
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       self.redis.xrange(f"{self.prefix}:samples", min=f"({self.last_id}"))
         if entries:
             self.last_id = entries[-1][0].decode()
         return [sample_codec.decode(f) for _, f in entries if f[b"src"] == b"run"]
@@ -165,15 +170,23 @@ def execution_check(batches: list[Any], profiles: dict[str, MeasuredTiming]) -> 
         pred = np.array([prof.noiseless_time(b.shape) for b in batches])
         out[f"ratio_{name}"] = float(measured.sum() / pred.sum())
         out[f"ratio_p50_{name}"] = float(np.median(measured / pred))
+    # beyond the profile's sweep (512 tokens a batch) the fit extrapolates
+    tokens = np.array([b.shape.num_tokens for b in batches])
+    pred = np.array([profiles["serving"].noiseless_time(b.shape) for b in batches])
+    for label, sel in (("le512", tokens <= 512), ("gt512", tokens > 512)):
+        if sel.any():
+            out[f"ratio_serving_{label}"] = float(measured[sel].sum() / pred[sel].sum())
+            out[f"measured_s_{label}"] = float(measured[sel].sum())
+            out[f"batches_{label}"] = int(sel.sum())
     return out
 
 
 def verdicts(summary: dict[str, Any], tbt_slo: float) -> dict[str, bool | None]:
-    v: dict[str, bool | None] = {c: meets(summary, c, tbt_slo=tbt_slo)  # type: ignore[arg-type]
+    v: dict[str, bool | None] = {c: meets(summary, c, tbt_slo=tbt_slo)
                                  for c in ("goodput", "token")}
     p99 = summary["tbt_token_p99"]
     v["tail_p99"] = p99 is None or p99 <= tbt_slo
-    v["tail"] = (meets(summary, "tail", tbt_slo=tbt_slo)  # type: ignore[arg-type]
+    v["tail"] = (meets(summary, "tail", tbt_slo=tbt_slo)
                  if summary.get("sched_delay_p50") is not None else None)
     return v
 
@@ -187,6 +200,57 @@ def bracket(rows: list[dict[str, Any]], side: str, crit: str) -> dict[str, float
     return {"meets_up_to": max(passes) if passes else None, "misses_from": first_fail}
 
 
+def shape_check(threads: int, profile: Path) -> list[dict[str, Any]]:
+    """Engine time of decode batches with equal vs mixed contexts (same KV slots) and
+    of prefills past the sweep, against the profile fit (median of 7 runs)."""
+    import torch
+
+    from sloserve.model.engine import TorchEngine
+
+    torch.set_num_threads(threads)
+    engine = TorchEngine("tiny", num_blocks=8192)
+    fit = MeasuredTiming.from_file(profile, noise_cv=0.0)
+    shapes = {
+        "64 decodes, ctx 300 each": BatchShape((), (300,) * 64),
+        "64 decodes, 32 x ctx 50 + 32 x ctx 550": BatchShape((), (50,) * 32 + (550,) * 32),
+        "64 decodes, 63 x ctx 50 + 1 x ctx 1000": BatchShape((), (50,) * 63 + (1000,)),
+        "128 decodes, ctx 300 each": BatchShape((), (300,) * 128),
+        "128 decodes, 127 x ctx 50 + 1 x ctx 1000": BatchShape((), (50,) * 127 + (1000,)),
+        "prefill 4 x 300 tokens": BatchShape(((300, 0),) * 4, ()),
+        "prefill 1 x 1200 tokens": BatchShape(((1200, 0),), ()),
+    }
+    rows = []
+    for name, shape in shapes.items():
+        measured = float(np.median([engine.profile_batch(shape) for _ in range(7)]))
+        predicted = fit.noiseless_time(shape)
+        rows.append({"shape": name, "measured_ms": measured * 1e3,
+                     "profile_fit_ms": predicted * 1e3, "ratio": measured / predicted})
+        print(f"{name:42s} {measured * 1e3:8.2f} ms  fit {predicted * 1e3:8.2f} ms", flush=True)
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs table: live vs simulated per policy and rate (tail = P99-gap part on live)."""
+    lines = ["| policy | qps | side | goodput | token | TTFT p50/p99 ms | P99 gap ms | "
+             "iterations | met (G/T/K) | exec/profile | overhead p50 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for policy, res in result["policies"].items():
+        for row in res["rows"]:
+            for side in ("live", "sim"):
+                s, m = row[side]["summary"], row[side]["meets"]
+                tail = m["tail"] if m["tail"] is not None else m["tail_p99"]
+                met = "/".join("y" if x else "n" for x in (m["goodput"], tail, m["token"]))
+                live = side == "live"
+                ratio = f"{row['live']['execution']['ratio_serving']:.2f}" if live else "-"
+                ovh = f"{row['live']['overhead_p50_ms']:.2f} ms" if live else "-"
+                lines.append(
+                    f"| {policy} | {row['qps']:g} | {side} | {s['goodput_share']:.2f} | "
+                    f"{s['token_criterion_share']:.2f} | {1e3 * s['ttft_p50']:.0f}/"
+                    f"{1e3 * s['ttft_p99']:.0f} | {1e3 * s['tbt_token_p99']:.1f} | "
+                    f"{row[side]['iterations']} | {met} | {ratio} | {ovh} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policies", nargs="+", default=["vllm", "sarathi", "accelgen"])
@@ -194,20 +258,37 @@ def main() -> None:
     ap.add_argument("--rates", nargs="+", type=float, default=[0.4, 0.7, 1.0, 1.3],
                     help="multiples of the simulated goodput capacity")
     ap.add_argument("--port", type=int, default=50461)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="executor torch threads (OMP_NUM_THREADS of the stack)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--table", action="store_true", help="print --out as markdown and exit")
+    ap.add_argument("--append-to", default=None,
+                    help="store this run under checks.KEY of the existing --out file")
+    ap.add_argument("--shape-check", action="store_true",
+                    help="time padded-decode and long-prefill shapes instead of benching")
+    ap.add_argument("--slo-from", default=None, help="JSON of fixed SLOs (default: scaled)")
     args = ap.parse_args()
-    threads = torch.get_num_threads()  # what the executor process gets (torch default)
+    if args.table:
+        print(markdown(json.loads(args.out.read_text())))
+        return
+    threads = args.threads
     ensure_profiles(threads)
-    profiles = {"serving": MeasuredTiming.from_file(PROFILE, noise_cv=0.0),
+    profile = serving_profile(threads)
+    if args.shape_check:
+        save(args, {"threads": threads, "profile": profile.name,
+                    "shapes": shape_check(threads, profile)})
+        return
+    profiles = {"serving": MeasuredTiming.from_file(profile, noise_cv=0.0),
                 "1t_cputime": MeasuredTiming.from_file(PROFILE_1T, noise_cv=0.0)}
-    slo = slo_scale(profiles["serving"])
+    slo = slo_scale(profiles["serving"]) if args.slo_from is None else json.loads(args.slo_from)
     n = args.num_requests
-    result: dict[str, Any] = {"slo": slo, "num_requests": n, "scale": SCALE,
-                              "executor_threads": threads, "policies": {}}
+    result: dict[str, Any] = {"slo": slo, "profile": profile.name, "num_requests": n,
+                              "scale": SCALE, "executor_threads": threads, "policies": {}}
     print(f"SLOs {slo}", flush=True)
     for policy in args.policies:
-        caps = {c: sim_capacity(policy, c, n, slo) for c in CRITERIA}
+        caps = {c: sim_capacity(policy, c, n, slo, profile) for c in CRITERIA}
         rates = [round(caps["goodput"] * m, 1) for m in args.rates]
-        stack = LiveStack(policy, args.port, slo)
+        stack = LiveStack(policy, args.port, slo, threads)
         rows: list[dict[str, Any]] = []
         try:
             stack.run_samples()  # skip the warm-up sweep
@@ -216,7 +297,7 @@ def main() -> None:
                 live = bench(stack, qps, n, slo)
                 st = stack.status()
                 check = execution_check(stack.run_samples(), profiles)
-                sim = simulate(policy, qps, n, slo)
+                sim = simulate(policy, qps, n, slo, profile)
                 rows.append({
                     "qps": qps,
                     "live": {"summary": live, "meets": verdicts(live, slo["tbt_slo"]),
@@ -236,9 +317,17 @@ def main() -> None:
                                                                      "tail", "token")}
                          for side in ("live", "sim")},
         }
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(json.dumps(result, indent=1))
-    print(f"wrote {OUT}")
+        save(args, result)
+
+
+def save(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    if args.append_to:
+        full = json.loads(args.out.read_text())
+        full.setdefault("checks", {})[args.append_to] = result
+        result = full
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}", flush=True)
 
 
 def print_row(policy: str, row: dict[str, Any]) -> None:
