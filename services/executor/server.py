@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import time
-import os
-_TR: list = []
 from collections.abc import AsyncIterator
 
 import grpc
@@ -63,31 +61,27 @@ class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # 
         async for plan in request_iterator:
             start = time.perf_counter()
             step = self.backend.execute(plan)
-            if step.realtime_wait:  # sim: really wait the batch's time, minus our own work
-                await _wait_until(start + step.duration_s)
-                measured = time.perf_counter() - start
-            else:
-                measured = step.duration_s
-            _t2 = time.perf_counter()
-            _m = executor_pb2.IterationResult(
+            # the reply is built while the batch runs (sim: before its wait), so only
+            # the send is left once the batch is done
+            result = executor_pb2.IterationResult(
                 iteration=plan.iteration,
                 tokens=[
                     executor_pb2.SampledToken(request_id=r, token_id=t)
                     for r, t in step.tokens.items()
                 ],
                 stopped=sorted(step.stopped),
-                duration_s=measured,
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
             )
-            _t3 = time.perf_counter()
-            yield _m
-            _TR.append((plan.iteration, start, _t2, _t3, time.perf_counter()))
-            if len(_TR) >= 200:
-                with open(f"/tmp/trace/exec.{os.getpid()}", "a") as f:
-                    for r in _TR: f.write(" ".join(map(str, r)) + "\n")
-                _TR.clear()
-            if plan.items:
-                self._pending.append(BatchSample(plan_shape(plan), measured))
+            shape = plan_shape(plan) if plan.items else None
+            if step.realtime_wait:  # sim: really wait the batch's time, minus our own work
+                await _wait_until(start + step.duration_s)
+                measured = time.perf_counter() - start
+            else:
+                measured = step.duration_s
+            result.duration_s = measured
+            yield result
+            if shape is not None:
+                self._pending.append(BatchSample(shape, measured))
                 self._flush_wanted.set()
 
     async def publish_warmup(self) -> None:

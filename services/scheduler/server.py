@@ -3,8 +3,10 @@
 Each iteration: ``instance.schedule(now)`` (the policy decides) -> the plan
 goes down the executor stream -> its ``IterationResult`` comes back ->
 ``instance.complete(plan, end_time, stopped)`` -> tokens, offloads, drops and
-the instance state go up the gateway stream in one message. This file makes
-no scheduling decision; it moves messages and persists state (``state.py``).
+the instance state go up the gateway stream in one message, held with the
+Redis flush until ``HOLD_S`` after the next plan has left (off its hop). This
+file makes no scheduling decision; it moves messages and persists state
+(``state.py``).
 
 Restart: accepted requests are reloaded from Redis and re-queued as waiting
 (running ones recompute, vLLM's preemption semantics); nothing runs until the
@@ -20,8 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import os
-_TR: list = []
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -53,6 +53,8 @@ from sloserve.services.scheduler.state import RequestStore
 from sloserve.services.store import DEFAULT_REDIS_URL, Keys
 
 IDLE_POLL_S = 0.002  # re-ask the policy this often while it holds work but plans nothing
+HOLD_S = 0.003  # gateway messages and the Redis flush wait this long after a plan leaves,
+# so they do not compete with the plan's hop to the executor for the CPU
 DROP_REASON = "dropped by the policy under overload (Ascendra §6.3)"
 
 ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
@@ -81,6 +83,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
         self.records: dict[str, Record] = {}
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self.freed: list[str] = []
+        self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
+        self._hold_timer: asyncio.TimerHandle | None = None
         self.wake = asyncio.Event()
         self.synced = asyncio.Event()  # a gateway said which requests it still wants
         self.need_tables = executor.backend != "sim"
@@ -190,8 +194,25 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             q.put_nowait(None)
 
     def _send(self, out: scheduler_pb2.SchedulerOutput) -> None:
-        if self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
+        if self._hold_timer is not None:  # a plan is on its way: keep the order, send later
+            self._held.append(out)
+        elif self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
             self.outq.put_nowait(out)
+
+    def _hold(self) -> None:
+        """Hold gateway messages and the Redis flush for ``HOLD_S`` (a plan just left)."""
+        if self._hold_timer is None:
+            self._hold_timer = asyncio.get_running_loop().call_later(HOLD_S, self._unhold)
+
+    def _unhold(self) -> None:
+        """Send the held messages, in order, and let the Redis writer run."""
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        held, self._held = self._held, []
+        for out in held:
+            self._send(out)
+        self.store.kick(time.perf_counter())
 
     async def Status(
         self, request: scheduler_pb2.StatusRequest, context: grpc.aio.ServicerContext
@@ -278,10 +299,11 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
         report: tuple[list[tuple[TokenEvent, int]], Sequence[str],
                       scheduler_pb2.SchedulerOutput] | None = None
         while True:
-            if report is not None and not inst.has_work:
-                self._report(*report)
-                report = None
             if not inst.has_work:
+                self._unhold()
+                if report is not None:
+                    self._report(*report)
+                    report = None
                 self.store.kick(time.perf_counter(), interval=0.0)
                 self._send(scheduler_pb2.SchedulerOutput(state=self._state(time.time())))
                 prev_recv = None
@@ -289,7 +311,6 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 await self.wake.wait()
                 continue
             t0 = time.perf_counter()
-            _T = [prev_recv or 0.0, t0]
             now = time.time()
             plan, offloaded, dropped = inst.schedule(now)
             t1 = time.perf_counter()
@@ -301,6 +322,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 self._release(req.request_id)
                 out.dropped.add(request_id=req.request_id, reason=DROP_REASON)
             if plan.is_empty:
+                self._unhold()
                 if report is not None:
                     self._report(*report)
                     report = None
@@ -312,28 +334,18 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), IDLE_POLL_S)
                 continue
-            _m = self._plan_msg(plan)
-            _T.append(time.perf_counter())
-            await call.write(_m)
-            _T.append(time.perf_counter())
+            await call.write(self._plan_msg(plan))
+            self._hold()
             self._send(out)  # offloads and drops decided with this plan
             if report is not None:  # the previous batch's tokens, off the critical path
                 self._report(*report)
                 report = None
-            self.store.kick(time.perf_counter())
-            _T.append(time.perf_counter())
             res = await call.read()
             if res is grpc.aio.EOF:
                 raise ConnectionError("executor: the Execute stream ended")
             t_recv = time.perf_counter()
             end = time.time()
             tokens = self._apply(plan, res, end)
-            _T += [self.iterations, t1, t_recv, time.perf_counter(), res.duration_s, len(plan.items), gc.get_count()[0]]
-            _TR.append(_T)
-            if len(_TR) >= 200:
-                with open(f"/tmp/trace/sched.{os.getpid()}", "a") as f:
-                    for r in _TR: f.write(" ".join(map(str, r)) + "\n")
-                _TR.clear()
             report = (tokens, res.stopped, scheduler_pb2.SchedulerOutput(state=self._state(end)))
             self.schedule_time.append(t1 - t0)
             self._m_iter.observe(res.duration_s)

@@ -4,7 +4,8 @@
 * ``inst:<instance>:tok:<id>``: its generated token ids, appended per iteration;
 * ``inst:<instance>:queue``: the instance's accepted, unfinished ids by arrival.
 
-Writes are queued and sent, in order, as one pipeline by a background task
+Writes are queued (token appends coalesced into one RPUSH per request) and
+sent, in order, in short pipelines by a background task
 that the iteration loop kicks right after a plan leaves for the executor (at
 most every ``FLUSH_INTERVAL_S``), so Redis work overlaps the batch instead of
 delaying the next plan, and the loop never waits on Redis. A write lost in a
@@ -26,12 +27,15 @@ from sloserve.services.store import Keys
 
 Op = Callable[[Pipeline], object]
 FLUSH_INTERVAL_S = 0.02
+PIPELINE_OPS = 32  # ops per pipeline: the event loop runs between pipelines (the next
+# executor result is not held up behind one long command-packing stretch)
 
 
 class RequestStore:
     def __init__(self, redis: aioredis.Redis, keys: Keys, instance_id: str) -> None:
         self.redis, self.keys, self.instance_id = redis, keys, instance_id
         self._ops: list[Op] = []
+        self._tokens: dict[str, list[int]] = {}  # appended since their last queued op
         self._last_flush = 0.0
         self._wanted = asyncio.Event()
 
@@ -50,8 +54,16 @@ class RequestStore:
         return out
 
     # --- queued writes ---------------------------------------------------------
-    def _queue(self, op: Op) -> None:
+    def _queue(self, request_id: str, op: Op) -> None:
+        """Queue ``op`` after the request's pending tokens (per-key order is kept)."""
+        toks = self._tokens.pop(request_id, None)
+        if toks:
+            self._ops.append(self._push(request_id, toks))
         self._ops.append(op)
+
+    def _push(self, request_id: str, tokens: list[int]) -> Op:
+        key = self.keys.tokens(self.instance_id, request_id)
+        return lambda p: p.rpush(key, *tokens)
 
     def accept(self, spec: common_pb2.RequestSpec) -> None:
         rid, k, i = spec.request_id, self.keys, self.instance_id
@@ -64,11 +76,16 @@ class RequestStore:
                 p.rpush(k.tokens(i, rid), *spec.generated_token_ids)
             p.zadd(k.queue(self.instance_id), {rid: spec.arrival_time})
 
-        self._queue(op)
+        self._queue(rid, op)
 
     def append_tokens(self, tokens: dict[str, int]) -> None:
-        k, i = self.keys, self.instance_id
-        self._queue(lambda p: [p.rpush(k.tokens(i, r), t) for r, t in tokens.items()])
+        """Coalesced: one RPUSH per request per flush, whatever the iterations since."""
+        pending = self._tokens
+        for r, t in tokens.items():
+            if (toks := pending.get(r)) is None:
+                pending[r] = [t]
+            else:
+                toks.append(t)
 
     def forget(self, request_id: str) -> None:
         k, i = self.keys, self.instance_id
@@ -77,20 +94,22 @@ class RequestStore:
             p.delete(k.request(i, request_id), k.tokens(i, request_id))
             p.zrem(k.queue(self.instance_id), request_id)
 
-        self._queue(op)
+        self._queue(request_id, op)
 
     async def flush(self) -> None:
-        """Send every queued write as one pipeline."""
+        """Send every queued write, in order, in pipelines of ``PIPELINE_OPS``."""
         ops, self._ops = self._ops, []
-        if ops:
+        ops += [self._push(r, toks) for r, toks in self._tokens.items()]
+        self._tokens = {}
+        for k in range(0, len(ops), PIPELINE_OPS):
             async with self.redis.pipeline(transaction=False) as pipe:
-                for op in ops:
+                for op in ops[k:k + PIPELINE_OPS]:
                     op(pipe)
                 await pipe.execute()
 
     def kick(self, now: float, interval: float = FLUSH_INTERVAL_S) -> None:
         """Let the writer send what is queued (``now``: a monotonic clock)."""
-        if self._ops and now - self._last_flush >= interval:
+        if (self._ops or self._tokens) and now - self._last_flush >= interval:
             self._last_flush = now
             self._wanted.set()
 
