@@ -133,11 +133,18 @@ class AscendraLPPolicy(Policy):
             BatchShape(prefills=((per_iter, 0),), decodes=tuple(r.num_computed for r in decodes))
         )
         t_hp_base = worst_hp_time(model, 0, cfg.hp_worst_batch_tokens)
+        longest = max((r.num_uncomputed for r in rest), default=0)
+        stay_bound = cfg.offload_threshold * worst_hp_time(model, longest, cfg.hp_worst_batch_tokens)
+        by_deadline = cfg.value_function == "edf"
         for req in rest:
             n = req.num_uncomputed
             queued += n
             deadline = req.ttft_deadline
             if deadline is None or deadline <= now or not awaits_first_token(req):
+                continue
+            if deadline - now > stay_bound:  # too far from its SLO to leave, whatever its size
+                if by_deadline:
+                    break  # EDF order: every later request has at least this much slack
                 continue
             if now + t_iter * -(-queued // per_iter) <= deadline:
                 continue  # projected to make it on this LP
