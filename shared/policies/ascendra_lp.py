@@ -134,7 +134,8 @@ class AscendraLPPolicy(Policy):
         )
         t_hp_base = worst_hp_time(model, 0, cfg.hp_worst_batch_tokens)
         longest = max((r.num_uncomputed for r in rest), default=0)
-        stay_bound = cfg.offload_threshold * worst_hp_time(model, longest, cfg.hp_worst_batch_tokens)
+        t_hp_longest = worst_hp_time(model, longest, cfg.hp_worst_batch_tokens)
+        stay_bound = cfg.offload_threshold * t_hp_longest
         by_deadline = cfg.value_function == "edf"
         for req in rest:
             n = req.num_uncomputed
