@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -92,3 +93,31 @@ def wait_healthy(target: str, service: str = "", timeout: float = 30.0) -> None:
                 last = exc
             time.sleep(0.05)
     raise TimeoutError(f"{target}: not SERVING after {timeout:.0f}s ({last})")
+
+
+def service_parser(
+    name: str, *, port: int | None = None, redis: bool = True
+) -> argparse.ArgumentParser:
+    """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
+    from sloserve.services.store import DEFAULT_REDIS_URL
+
+    p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}")
+    p.add_argument("--host", default="127.0.0.1")
+    if port is None:
+        p.add_argument("--port", type=int, required=True)
+    else:
+        p.add_argument("--port", type=int, default=port)
+    p.add_argument("--metrics-port", type=int, default=0)
+    if redis:
+        p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+        p.add_argument("--prefix", default="sloserve")
+    return p
+
+
+def run_service(
+    serve: Callable[[argparse.Namespace], Awaitable[None]],
+    parser: argparse.ArgumentParser,
+    argv: Sequence[str] | None,
+) -> int:
+    asyncio.run(serve(parser.parse_args(argv)))
+    return 0

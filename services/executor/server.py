@@ -20,7 +20,7 @@ from sloserve.services import obs, rpc
 from sloserve.services.executor.backends import Backend, make_backend, plan_shape
 from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
-from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+from sloserve.services.store import Keys
 
 FLUSH_INTERVAL_S = 0.1
 
@@ -126,9 +126,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sloserve.services.executor")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p = rpc.service_parser("executor")
     p.add_argument("--backend", default="sim", choices=("sim", "torch"))
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
@@ -138,12 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
-    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
-    p.add_argument("--prefix", default="sloserve")
-    p.add_argument("--metrics-port", type=int, default=0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    asyncio.run(serve(build_parser().parse_args(argv)))
-    return 0
+    return rpc.run_service(serve, build_parser(), argv)

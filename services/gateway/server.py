@@ -263,17 +263,13 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sloserve.services.gateway")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=50051)
+    p = rpc.service_parser("gateway", port=50051, redis=False)
     p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT")
     p.add_argument("--ttft-slo", type=float, default=1.0, help="default TTFT SLO, s (0: none)")
     p.add_argument("--tbt-slo", type=float, default=0.15, help="default TBT SLO, s (0: none)")
     p.add_argument("--connect-timeout", type=float, default=60.0)
-    p.add_argument("--metrics-port", type=int, default=0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    asyncio.run(serve(build_parser().parse_args(argv)))
-    return 0
+    return rpc.run_service(serve, build_parser(), argv)

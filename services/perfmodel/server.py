@@ -22,7 +22,7 @@ from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
 from sloserve.services.proto import SERVICE_NAMES, perfmodel_grpc, perfmodel_pb2
-from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+from sloserve.services.store import Keys
 
 WINDOW = 4096
 
@@ -123,18 +123,12 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sloserve.services.perfmodel")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p = rpc.service_parser("perfmodel")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
     p.add_argument("--refit-interval", type=float, default=1.0, help="seconds between refits")
-    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
-    p.add_argument("--prefix", default="sloserve")
-    p.add_argument("--metrics-port", type=int, default=0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    asyncio.run(serve(build_parser().parse_args(argv)))
-    return 0
+    return rpc.run_service(serve, build_parser(), argv)

@@ -50,7 +50,7 @@ from sloserve.services.proto import (
     scheduler_pb2,
 )
 from sloserve.services.scheduler.state import RequestStore
-from sloserve.services.store import DEFAULT_REDIS_URL, Keys
+from sloserve.services.store import Keys
 
 IDLE_POLL_S = 0.002  # re-ask the policy this often while it holds work but plans nothing
 HOLD_S = 0.003  # gateway messages and the Redis flush wait this long after a plan leaves,
@@ -416,9 +416,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m sloserve.services.scheduler")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, required=True)
+    p = rpc.service_parser("scheduler")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
     p.add_argument("--policy", default="sarathi", help="registered policy name")
@@ -428,12 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--coefficients-wait", type=float, default=20.0,
                    help="seconds to wait at startup for the perf model's first fit")
-    p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
-    p.add_argument("--prefix", default="sloserve")
-    p.add_argument("--metrics-port", type=int, default=0)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    asyncio.run(serve(build_parser().parse_args(argv)))
-    return 0
+    return rpc.run_service(serve, build_parser(), argv)
