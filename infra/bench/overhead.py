@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -98,7 +99,7 @@ def main() -> None:
     args = p.parse_args()
     cfg = StackConfig(policy=args.policy, gateway_port=free_port(), num_blocks=args.num_blocks,
                       time_scale=args.time_scale, redis_url=args.redis_url,
-                      log_dir=Path(f"/tmp/sloserve-overhead-{int(time.time())}"))
+                      log_dir=Path(tempfile.mkdtemp(prefix="sloserve-overhead-")))
     with Stack(cfg) as stack:
         print(json.dumps(asyncio.run(measure(stack, args))))
 
