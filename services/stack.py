@@ -36,6 +36,7 @@ class StackConfig:
     prefix: str = ""  # "": sloserve:<random>, whose keys are deleted on stop
     token_budget: int = 512
     max_num_seqs: dict[str, int] = field(default_factory=lambda: {"lp": 256, "hp": 256})
+    offload_threshold: float = 1.0  # Ascendra LP; `sloserve up` sets 0 when there is no HP
     ttft_slo: float | None = 1.0  # gateway defaults
     tbt_slo: float | None = 0.15
     seed: int = 0
@@ -109,7 +110,8 @@ class Stack:
             self._add(f"scheduler-{iid}", self._module(
                 "scheduler", ps, "--instance-id", iid, "--role", role,
                 "--policy", c.policy_name(role), "--token-budget", str(c.token_budget),
-                "--max-num-seqs", str(c.max_num_seqs[role]), "--executor", f"{h}:{pe}",
+                "--max-num-seqs", str(c.max_num_seqs[role]),
+                "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
                 *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds]

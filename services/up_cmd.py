@@ -61,6 +61,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         backend=args.backend, model=args.model, gpu=args.gpu, weights=args.weights,
         host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
         token_budget=lp.token_budget, max_num_seqs={"lp": lp.max_num_seqs, "hp": hp.max_num_seqs},
+        offload_threshold=lp.offload_threshold,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir,
     )

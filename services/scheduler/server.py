@@ -383,7 +383,8 @@ async def serve(args: argparse.Namespace) -> None:
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
     policy = make_policy(
-        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs))
+        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs,
+                                  offload_threshold=args.offload_threshold))
     instance = Instance(
         args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
         perf_model, role=args.role,
@@ -422,6 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default="sarathi", help="registered policy name")
     p.add_argument("--token-budget", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--offload-threshold", type=float, default=1.0,
+                   help="Ascendra LP (0: never offload, e.g. no HP instance)")
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--coefficients-wait", type=float, default=20.0,
