@@ -1,29 +1,19 @@
-"""Package layout from the design card: ``shared/`` is ``sloserve`` (the core),
-``services/`` is ``sloserve.services`` (the shells), ``services/client`` is
-``sloserve.client`` (the SDK). Metadata lives in pyproject.toml."""
+"""One import package, two source roots (docs/architecture.md).
 
-from setuptools import find_packages, setup
+``sloserve`` is a namespace package: the pure core lives in
+``shared/sloserve/`` (``sloserve.request``, ``sloserve.policies``, ...), the
+shells in ``services/sloserve/`` (``sloserve.services``, the SDK
+``sloserve.client`` and the generated wire code ``sloserve.v1``). Directory
+names are import names, so mypy and editors follow imports with
+``mypy_path = shared:services``. Metadata lives in pyproject.toml.
+"""
 
-ROOTS = {
-    "sloserve": "shared",
-    "sloserve.services": "services",
-    "sloserve.client": "services/client",
-}
+from setuptools import find_namespace_packages, setup
 
-packages: list[str] = []
-package_dir: dict[str, str] = {}
-for name, path in ROOTS.items():
-    package_dir[name] = path
-    packages.append(name)
-    for sub in find_packages(path):
-        if name == "sloserve.services" and sub.split(".")[0] == "client":
-            continue
-        packages.append(f"{name}.{sub}")
-        package_dir[f"{name}.{sub}"] = f"{path}/{sub.replace('.', '/')}"
+package_dir: dict[str, str] = {"sloserve": "shared/sloserve"}  # top-level core modules
+for root in ("shared", "services"):
+    for pkg in find_namespace_packages(root, include=["sloserve.*"]):
+        if "__pycache__" not in pkg:
+            package_dir[pkg] = f"{root}/{pkg.replace('.', '/')}"
 
-# The .proto sources travel inside the package so an installed (non-editable)
-# sloserve can generate its gRPC code: services/proto.py looks in services/protos.
-packages.append("sloserve.services.protos")
-package_dir["sloserve.services.protos"] = "protos"
-
-setup(packages=packages, package_dir=package_dir)  # package data: pyproject.toml
+setup(packages=sorted(package_dir), package_dir=package_dir)  # package data: pyproject.toml

@@ -1,4 +1,4 @@
-"""``sloserve plan`` (services/plan_cmd.py) through the real CLI entry point."""
+"""``sloserve plan`` (services/sloserve/services/plan_cmd.py) through the real CLI entry point."""
 
 from __future__ import annotations
 
