@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from sloserve.client.errors import from_rpc_error
-from sloserve.services.proto import gateway_grpc, gateway_pb2
+from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
 from sloserve.services.rpc import CHANNEL_OPTIONS
 
 
@@ -32,10 +32,10 @@ class Chunk:
 def _request(
     prompt: str | None, prompt_token_ids: Sequence[int] | None, max_tokens: int,
     ttft_slo: float | None, tbt_slo: float | None, jct_slo: float | None, priority: int,
-    request_id: str | None,
+    request_id: str | None, sampling: common_pb2.Sampling,
 ) -> gateway_pb2.GenerateRequest:
     kw: dict[str, Any] = {"max_tokens": max_tokens, "priority": priority,
-                          "request_id": request_id or ""}
+                          "request_id": request_id or "", "sampling": sampling}
     if prompt is not None:
         kw["prompt"] = prompt
     if prompt_token_ids is not None:
@@ -44,6 +44,23 @@ def _request(
         if value is not None:
             kw[name] = value
     return gateway_pb2.GenerateRequest(**kw)
+
+
+def sampling(
+    temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
+    seed: int | None = None, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+) -> common_pb2.Sampling:
+    """The wire form of vLLM-style sampling parameters (unset: vLLM's defaults)."""
+    msg = common_pb2.Sampling(ignore_eos=ignore_eos, stop_token_ids=list(stop_token_ids))
+    if temperature is not None:
+        msg.temperature = temperature
+    if top_p is not None:
+        msg.top_p = top_p
+    if top_k is not None:
+        msg.top_k = top_k
+    if seed is not None:
+        msg.seed = seed
+    return msg
 
 
 def _chunk(c: gateway_pb2.GenerateChunk) -> Chunk:
@@ -69,10 +86,13 @@ class Client:
         self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
         max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
         jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, temperature: float | None = None,
+        top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+        ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
     ) -> Iterator[Chunk]:
         req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
-                       priority, request_id)
+                       priority, request_id,
+                       sampling(temperature, top_p, top_k, seed, ignore_eos, stop_token_ids))
         call = self._stub.Generate(req, timeout=timeout)
         try:
             for c in call:
@@ -115,10 +135,13 @@ class AsyncClient:
         self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
         max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
         jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
-        timeout: float | None = None,
+        timeout: float | None = None, temperature: float | None = None,
+        top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+        ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
     ) -> AsyncIterator[Chunk]:
         req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
-                       priority, request_id)
+                       priority, request_id,
+                       sampling(temperature, top_p, top_k, seed, ignore_eos, stop_token_ids))
         call = self._stub.Generate(req, timeout=timeout)
         try:
             async for c in call:

@@ -71,6 +71,7 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
         async for c in client.generate(
             prompt_token_ids=prompt_ids(req), max_tokens=req.output_len, ttft_slo=req.slo.ttft,
             tbt_slo=req.slo.tbt, jct_slo=req.slo.jct, priority=req.priority,
+            ignore_eos=True,  # exact output lengths, as simulate (vllm bench --ignore-eos)
         ):
             req.arrival_time = c.arrival_time
             req.token_times.append(c.time)

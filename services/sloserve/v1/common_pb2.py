@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sloserve/v1/common.proto\x12\x0bsloserve.v1\"\xab\x02\n\x0bRequestSpec\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\x08ttft_slo\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07tbt_slo\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07jct_slo\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x14\n\x0c\x61rrival_time\x18\x08 \x01(\x01\x12\x1b\n\x13generated_token_ids\x18\t \x03(\x05\x12\x14\n\x0cnum_offloads\x18\n \x01(\x05\x12\x17\n\x0forigin_instance\x18\x0b \x01(\tB\x0b\n\t_ttft_sloB\n\n\x08_tbt_sloB\n\n\x08_jct_slo\"6\n\x0cPrefillChunk\x12\x11\n\tchunk_len\x18\x01 \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x02 \x01(\x05\"J\n\nBatchShape\x12+\n\x08prefills\x18\x01 \x03(\x0b\x32\x19.sloserve.v1.PrefillChunk\x12\x0f\n\x07\x64\x65\x63odes\x18\x02 \x03(\x05\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sloserve/v1/common.proto\x12\x0bsloserve.v1\"\xd4\x02\n\x0bRequestSpec\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\x08ttft_slo\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07tbt_slo\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07jct_slo\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x14\n\x0c\x61rrival_time\x18\x08 \x01(\x01\x12\x1b\n\x13generated_token_ids\x18\t \x03(\x05\x12\x14\n\x0cnum_offloads\x18\n \x01(\x05\x12\x17\n\x0forigin_instance\x18\x0b \x01(\t\x12\'\n\x08sampling\x18\x0c \x01(\x0b\x32\x15.sloserve.v1.SamplingB\x0b\n\t_ttft_sloB\n\n\x08_tbt_sloB\n\n\x08_jct_slo\"\xb8\x01\n\x08Sampling\x12\x18\n\x0btemperature\x18\x01 \x01(\x01H\x00\x88\x01\x01\x12\x12\n\x05top_p\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_k\x18\x03 \x01(\x05H\x02\x88\x01\x01\x12\x11\n\x04seed\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\nignore_eos\x18\x05 \x01(\x08\x12\x16\n\x0estop_token_ids\x18\x06 \x03(\x05\x42\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x07\n\x05_seed\"6\n\x0cPrefillChunk\x12\x11\n\tchunk_len\x18\x01 \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x02 \x01(\x05\"J\n\nBatchShape\x12+\n\x08prefills\x18\x01 \x03(\x0b\x32\x19.sloserve.v1.PrefillChunk\x12\x0f\n\x07\x64\x65\x63odes\x18\x02 \x03(\x05\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,9 +32,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sloserve.v1.common_pb2', _g
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REQUESTSPEC']._serialized_start=42
-  _globals['_REQUESTSPEC']._serialized_end=341
-  _globals['_PREFILLCHUNK']._serialized_start=343
-  _globals['_PREFILLCHUNK']._serialized_end=397
-  _globals['_BATCHSHAPE']._serialized_start=399
-  _globals['_BATCHSHAPE']._serialized_end=473
+  _globals['_REQUESTSPEC']._serialized_end=382
+  _globals['_SAMPLING']._serialized_start=385
+  _globals['_SAMPLING']._serialized_end=569
+  _globals['_PREFILLCHUNK']._serialized_start=571
+  _globals['_PREFILLCHUNK']._serialized_end=625
+  _globals['_BATCHSHAPE']._serialized_start=627
+  _globals['_BATCHSHAPE']._serialized_end=701
 # @@protoc_insertion_point(module_scope)

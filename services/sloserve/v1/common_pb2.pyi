@@ -40,6 +40,7 @@ class RequestSpec(_message.Message):
     GENERATED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     NUM_OFFLOADS_FIELD_NUMBER: _builtins.int
     ORIGIN_INSTANCE_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     ttft_slo: _builtins.float
@@ -55,6 +56,8 @@ class RequestSpec(_message.Message):
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def generated_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def sampling(self) -> Global___Sampling: ...
     def __init__(
         self,
         *,
@@ -69,10 +72,11 @@ class RequestSpec(_message.Message):
         generated_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         num_offloads: _builtins.int = ...,
         origin_instance: _builtins.str = ...,
+        sampling: Global___Sampling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015
@@ -88,6 +92,62 @@ class RequestSpec(_message.Message):
     def WhichOneof(self, oneof_group: _WhichOneofArgType__ttft_slo) -> _WhichOneofReturnType__ttft_slo | None: ...
 
 Global___RequestSpec: _TypeAlias = RequestSpec  # noqa: Y015
+
+@_typing.final
+class Sampling(_message.Message):
+    """How the next token is chosen (vLLM's SamplingParams semantics). Unset fields
+    take vLLM's defaults: temperature 1.0 (0 = greedy), top_p 1.0, top_k off.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TEMPERATURE_FIELD_NUMBER: _builtins.int
+    TOP_P_FIELD_NUMBER: _builtins.int
+    TOP_K_FIELD_NUMBER: _builtins.int
+    SEED_FIELD_NUMBER: _builtins.int
+    IGNORE_EOS_FIELD_NUMBER: _builtins.int
+    STOP_TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    temperature: _builtins.float
+    top_p: _builtins.float
+    top_k: _builtins.int
+    """0 or unset: off"""
+    seed: _builtins.int
+    ignore_eos: _builtins.bool
+    """generate exactly max_tokens (benchmarks)"""
+    @_builtins.property
+    def stop_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        temperature: _builtins.float | None = ...,
+        top_p: _builtins.float | None = ...,
+        top_k: _builtins.int | None = ...,
+        seed: _builtins.int | None = ...,
+        ignore_eos: _builtins.bool = ...,
+        stop_token_ids: _abc.Iterable[_builtins.int] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "seed", b"seed", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_seed", b"_seed", "_temperature", b"_temperature", "_top_k", b"_top_k", "_top_p", b"_top_p", "ignore_eos", b"ignore_eos", "seed", b"seed", "stop_token_ids", b"stop_token_ids", "temperature", b"temperature", "top_k", b"top_k", "top_p", b"top_p"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__seed: _TypeAlias = _typing.Literal["seed"]  # noqa: Y015
+    _WhichOneofArgType__seed: _TypeAlias = _typing.Literal["_seed", b"_seed"]  # noqa: Y015
+    _WhichOneofReturnType__temperature: _TypeAlias = _typing.Literal["temperature"]  # noqa: Y015
+    _WhichOneofArgType__temperature: _TypeAlias = _typing.Literal["_temperature", b"_temperature"]  # noqa: Y015
+    _WhichOneofReturnType__top_k: _TypeAlias = _typing.Literal["top_k"]  # noqa: Y015
+    _WhichOneofArgType__top_k: _TypeAlias = _typing.Literal["_top_k", b"_top_k"]  # noqa: Y015
+    _WhichOneofReturnType__top_p: _TypeAlias = _typing.Literal["top_p"]  # noqa: Y015
+    _WhichOneofArgType__top_p: _TypeAlias = _typing.Literal["_top_p", b"_top_p"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__seed) -> _WhichOneofReturnType__seed | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__temperature) -> _WhichOneofReturnType__temperature | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_k) -> _WhichOneofReturnType__top_k | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__top_p) -> _WhichOneofReturnType__top_p | None: ...
+
+Global___Sampling: _TypeAlias = Sampling  # noqa: Y015
 
 @_typing.final
 class PrefillChunk(_message.Message):

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from sloserve.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -68,6 +69,7 @@ class NewSequence(_message.Message):
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     GENERATED_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     MAX_TOKENS_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     @_builtins.property
@@ -76,6 +78,8 @@ class NewSequence(_message.Message):
     def generated_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
         """recompute these too"""
 
+    @_builtins.property
+    def sampling(self) -> _common_pb2.Sampling: ...
     def __init__(
         self,
         *,
@@ -83,10 +87,11 @@ class NewSequence(_message.Message):
         prompt_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         generated_token_ids: _abc.Iterable[_builtins.int] | None = ...,
         max_tokens: _builtins.int = ...,
+        sampling: _common_pb2.Sampling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["sampling", b"sampling"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["generated_token_ids", b"generated_token_ids", "max_tokens", b"max_tokens", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["generated_token_ids", b"generated_token_ids", "max_tokens", b"max_tokens", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from sloserve.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -30,6 +31,7 @@ class GenerateRequest(_message.Message):
     JCT_SLO_FIELD_NUMBER: _builtins.int
     PRIORITY_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
+    SAMPLING_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     """text; or give prompt_token_ids instead"""
     max_tokens: _builtins.int
@@ -43,6 +45,10 @@ class GenerateRequest(_message.Message):
     """optional; the gateway assigns one when empty"""
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    @_builtins.property
+    def sampling(self) -> _common_pb2.Sampling:
+        """unset: vLLM's defaults (temperature 1.0)"""
+
     def __init__(
         self,
         *,
@@ -54,10 +60,11 @@ class GenerateRequest(_message.Message):
         jct_slo: _builtins.float | None = ...,
         priority: _builtins.int = ...,
         request_id: _builtins.str = ...,
+        sampling: _common_pb2.Sampling | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015

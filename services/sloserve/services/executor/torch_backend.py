@@ -71,10 +71,19 @@ class TorchBackend:
         for seq in plan.added:
             self.engine.free(seq.request_id)
             left = seq.max_tokens - len(seq.generated_token_ids)
+            s = seq.sampling
             self.engine.add_request(
                 seq.request_id,
                 [*seq.prompt_token_ids, *seq.generated_token_ids],
-                SamplingParams(max_tokens=max(1, left), ignore_eos=self.ignore_eos),
+                SamplingParams(
+                    temperature=s.temperature if s.HasField("temperature") else 1.0,
+                    top_p=s.top_p if s.HasField("top_p") else 1.0,
+                    top_k=s.top_k if s.HasField("top_k") else 0,
+                    seed=s.seed if s.HasField("seed") else None,
+                    max_tokens=max(1, left),
+                    stop_token_ids=tuple(s.stop_token_ids),
+                    ignore_eos=self.ignore_eos or s.ignore_eos,
+                ),
             )
         core = BatchPlan(
             items=[

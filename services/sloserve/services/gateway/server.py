@@ -141,6 +141,8 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
         spec = common_pb2.RequestSpec(
             request_id=rid, prompt_token_ids=ids, max_tokens=r.max_tokens,
             priority=r.priority, arrival_time=now)
+        _check_sampling(r.sampling, self.limits.vocab_size)
+        spec.sampling.CopyFrom(r.sampling)
         for name in ("ttft_slo", "tbt_slo", "jct_slo"):
             value = getattr(r, name) if r.HasField(name) else self.slo_defaults.get(name)
             if value is not None:
@@ -213,6 +215,19 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
             instances=instances, tokenizer=self.tokenizer.name)
+
+
+def _check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
+    """vLLM's SamplingParams ranges; the message names the field."""
+    if s.HasField("temperature") and not (math.isfinite(s.temperature) and s.temperature >= 0):
+        raise InvalidInput(f"sampling.temperature: must be >= 0, got {s.temperature}")
+    if s.HasField("top_p") and not 0 < s.top_p <= 1:
+        raise InvalidInput(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
+    if s.HasField("top_k") and s.top_k < 0:
+        raise InvalidInput(f"sampling.top_k: must be >= 0 (0 disables), got {s.top_k}")
+    bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidInput(f"sampling.stop_token_ids: {bad[:3]} outside [0, {vocab_size})")
 
 
 def _finish_reason(ev: Any, max_tokens: int) -> str:

@@ -256,7 +256,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             if not rec.on_executor:
                 rec.on_executor = True
                 msg.added.add(request_id=it.request_id, prompt_token_ids=rec.spec.prompt_token_ids,
-                              generated_token_ids=rec.tokens, max_tokens=rec.spec.max_tokens)
+                              generated_token_ids=rec.tokens, max_tokens=rec.spec.max_tokens,
+                              sampling=rec.spec.sampling)
         msg.preempted.extend(r for r in plan.preempted if self.records[r].on_executor)
         return msg
 
