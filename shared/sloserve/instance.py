@@ -8,7 +8,7 @@ and the live scheduler service drive this very class.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan
@@ -24,6 +24,7 @@ class TokenEvent:
     index: int  # 0 = first output token
     time: float
     finished: bool
+    token_id: int = -1  # the sampled id (live); -1 in simulation
 
 
 class Instance:
@@ -150,11 +151,14 @@ class Instance:
         return out
 
     def complete(
-        self, plan: BatchPlan, end_time: float, stopped: Iterable[str] = ()
+        self, plan: BatchPlan, end_time: float, stopped: Iterable[str] = (),
+        sampled: Mapping[str, int] | None = None,
     ) -> list[TokenEvent]:
         """Apply an executed plan: advance progress, emit tokens, finish requests.
 
-        ``stopped`` names requests the executor ended early (EOS, stop string).
+        ``stopped`` names requests the executor ended early (EOS, stop string);
+        ``sampled`` the token id each sampling request got (live executors),
+        kept in ``Request.output_token_ids``.
         """
         stop = set(stopped)
         events: list[TokenEvent] = []
@@ -169,7 +173,13 @@ class Instance:
             req.num_generated += 1
             req.token_times.append(end_time)
             done = req.num_generated >= req.output_len or req.request_id in stop
-            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done))
+            tok = -1
+            if sampled is not None:
+                tok = sampled[req.request_id]
+                if req.output_token_ids is None:
+                    req.output_token_ids = []
+                req.output_token_ids.append(tok)
+            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done, tok))
             if done:
                 self._detach(req)
                 req.status = RequestStatus.FINISHED

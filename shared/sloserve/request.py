@@ -61,6 +61,8 @@ class Request:
     num_preemptions: int = 0
     num_offloads: int = 0
     origin_instance: str | None = None  # the instance that first received it
+    # the generated token ids, in the live stack (None in simulation: lengths only)
+    output_token_ids: list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
@@ -81,6 +83,10 @@ class Request:
     def in_prefill(self) -> bool:
         """True until the (re)computed prompt has produced its next token."""
         return self.num_generated == 0 or self.num_uncomputed > 1
+
+    def samples_after(self, num_tokens: int) -> bool:
+        """Whether a chunk of ``num_tokens`` from here completes the sequence (a token is due)."""
+        return self.num_computed + num_tokens >= self.num_tokens
 
     @property
     def is_decode(self) -> bool:

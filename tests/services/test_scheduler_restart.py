@@ -105,19 +105,20 @@ def test_reconnecting_gateway_gets_the_tokens_it_lacks_replayed(
 def test_gateway_drops_token_events_it_already_has() -> None:
     import asyncio
 
+    from sloserve.controller import Controller
     from sloserve.request import Request
-    from sloserve.router import Router
     from sloserve.services.gateway.server import Flight, GatewayService
     from sloserve.services.proto import common_pb2, executor_pb2, scheduler_pb2
 
     async def scenario() -> list[int]:
         desc = executor_pb2.ExecutorDescription(max_context=4096, kv_capacity_blocks=64,
                                                 block_size=16)
-        gw = GatewayService(Router(["lp0"]), {"lp0": scheduler_pb2.SchedulerStatus(
+        gw = GatewayService(Controller([("lp0", "lp")]), {"lp0": scheduler_pb2.SchedulerStatus(
             role="lp", executor=desc)}, {"lp0": "127.0.0.1:9"}, {})
         spec = common_pb2.RequestSpec(request_id="r", prompt_token_ids=[1], max_tokens=5)
-        f = Flight(spec, Request("r", 0.0, 1, 5), "lp0", asyncio.Queue())
+        f = Flight(spec, Request("r", 0.0, 1, 5), asyncio.Queue())
         gw.flights["r"] = f
+        assert gw.ctl.admit(f.req, 0.0).instance_id == "lp0"  # type: ignore[union-attr]
         for idx in (0, 1, 0, 1, 2, 2, 3):  # a restarted scheduler regenerates 0..2
             gw.on_output("lp0", scheduler_pb2.SchedulerOutput(tokens=[
                 scheduler_pb2.TokenEvent(request_id="r", index=idx, token_id=100 + idx)]))

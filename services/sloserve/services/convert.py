@@ -1,10 +1,13 @@
-"""Core types <-> protobuf messages (no decisions here, only field copies)."""
+"""Core types <-> protobuf messages: the one place for them (no decisions, field copies)."""
 
 from __future__ import annotations
 
-from sloserve.batch import BatchShape
+from collections.abc import Iterable, Mapping
+
+from sloserve.batch import BatchPlan, BatchShape
+from sloserve.instance import Instance, TokenEvent
 from sloserve.request import SLO, Request
-from sloserve.services.proto import common_pb2
+from sloserve.services.proto import common_pb2, executor_pb2, scheduler_pb2
 
 
 def _opt(msg: object, name: str) -> float | None:
@@ -29,6 +32,7 @@ def request_of(spec: common_pb2.RequestSpec) -> Request:
         origin_instance=spec.origin_instance or None,
     )
     req.num_generated = len(spec.generated_token_ids)
+    req.output_token_ids = list(spec.generated_token_ids)
     return req
 
 
@@ -44,3 +48,47 @@ def shape_of(msg: common_pb2.BatchShape) -> BatchShape:
         prefills=tuple((p.chunk_len, p.context_len) for p in msg.prefills),
         decodes=tuple(msg.decodes),
     )
+
+
+def plan_to_proto(
+    instance: Instance, plan: BatchPlan, specs: Mapping[str, common_pb2.RequestSpec],
+    iteration: int, start_time: float, freed: Iterable[str], block_tables: bool,
+) -> executor_pb2.BatchPlan:
+    """The executor's view of a plan (before ``Instance.complete`` advances progress).
+
+    A chunk that starts at context 0 (a new, preempted or moved request) carries
+    the whole sequence in ``added``: prompt plus tokens generated so far, recomputed.
+    """
+    msg = executor_pb2.BatchPlan(iteration=iteration, start_time=start_time, freed=freed,
+                                 preempted=plan.preempted)
+    kv = instance.kv
+    for it in plan.items:
+        req = instance.requests[it.request_id]
+        item = msg.items.add(
+            request_id=it.request_id, num_tokens=it.num_tokens, context_len=it.context_len,
+            is_prefill=it.is_prefill, samples_token=req.samples_after(it.num_tokens),
+            token_index=req.num_generated,
+        )
+        if block_tables:
+            item.block_table.extend(kv.block_table(it.request_id))
+        if it.context_len == 0:
+            spec = specs[it.request_id]
+            msg.added.add(request_id=it.request_id, prompt_token_ids=spec.prompt_token_ids,
+                          generated_token_ids=req.output_token_ids or (),
+                          max_tokens=spec.max_tokens, sampling=spec.sampling)
+    return msg
+
+
+def tokens_to_proto(
+    events: Iterable[TokenEvent], stopped: Iterable[str], out: scheduler_pb2.SchedulerOutput,
+) -> None:
+    stop = set(stopped)
+    for ev in events:
+        out.tokens.add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id,
+                       time=ev.time, finished=ev.finished, stopped=ev.request_id in stop)
+
+
+def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceState:
+    return scheduler_pb2.InstanceState(instance_id=instance.instance_id,
+                                       num_waiting_prefills=instance.num_waiting_prefills,
+                                       time=now)

@@ -45,6 +45,11 @@ class StackConfig:
     num_blocks: int | None = None
     refit_interval: float = 1.0
     log_dir: Path | None = None  # None: children inherit stderr
+    # protocol tests (docs/architecture.md): the simulator's clock and timing, decision logs
+    clock: str = "wall"  # "virtual": schedulers run the event clock, sim executors follow it
+    fixed_batch_time: float | None = None  # sim executors: every batch takes this long
+    decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
+    coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -106,17 +111,26 @@ class Stack:
                 ex += ["--num-blocks", str(c.num_blocks)]
             if c.weights:
                 ex += ["--weights", c.weights]
+            if c.fixed_batch_time is not None:
+                ex += ["--fixed-batch-time", str(c.fixed_batch_time)]
+            ex += ["--clock", c.clock]
             self._add(f"executor-{iid}", self._module("executor", pe, *ex), f"{h}:{pe}", "executor")
             self._add(f"scheduler-{iid}", self._module(
                 "scheduler", ps, "--instance-id", iid, "--role", role,
                 "--policy", c.policy_name(role), "--token-budget", str(c.token_budget),
                 "--max-num-seqs", str(c.max_num_seqs[role]),
                 "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
-                *common), f"{h}:{ps}", "scheduler")
+                "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
+                *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
-        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds]
+        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds,
+              *self._decision_log("gateway")]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{h}:{c.gateway_port}", "gateway")
+
+    def _decision_log(self, name: str) -> list[str]:
+        d = self.cfg.decision_dir
+        return [] if d is None else ["--decision-log", str(d / f"{name}.jsonl")]
 
     def _add(self, name: str, argv: list[str], address: str, health: str) -> None:
         from sloserve.services.proto import SERVICE_NAMES

@@ -41,6 +41,7 @@ class RequestSpec(_message.Message):
     NUM_OFFLOADS_FIELD_NUMBER: _builtins.int
     ORIGIN_INSTANCE_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    DISPATCH_TIME_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     ttft_slo: _builtins.float
@@ -52,6 +53,10 @@ class RequestSpec(_message.Message):
     """gateway receive time"""
     num_offloads: _builtins.int
     origin_instance: _builtins.str
+    dispatch_time: _builtins.float
+    """When the controller put it on this instance (arrival, or the time of the
+    plan that offloaded it): the instance's clock for its arrival there.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -73,10 +78,11 @@ class RequestSpec(_message.Message):
         num_offloads: _builtins.int = ...,
         origin_instance: _builtins.str = ...,
         sampling: Global___Sampling | None = ...,
+        dispatch_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "dispatch_time", b"dispatch_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015

@@ -106,7 +106,12 @@ class BatchPlan(_message.Message):
     ADDED_FIELD_NUMBER: _builtins.int
     PREEMPTED_FIELD_NUMBER: _builtins.int
     FREED_FIELD_NUMBER: _builtins.int
+    START_TIME_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
+    start_time: _builtins.float
+    """The batch's start on the scheduler's clock. With a virtual clock the sim
+    backend ends it at start_time + its duration (no drift from service hops).
+    """
     @_builtins.property
     def items(self) -> _containers.RepeatedCompositeFieldContainer[Global___PlanItem]: ...
     @_builtins.property
@@ -125,10 +130,11 @@ class BatchPlan(_message.Message):
         added: _abc.Iterable[Global___NewSequence] | None = ...,
         preempted: _abc.Iterable[_builtins.str] | None = ...,
         freed: _abc.Iterable[_builtins.str] | None = ...,
+        start_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "freed", b"freed", "items", b"items", "iteration", b"iteration", "preempted", b"preempted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["added", b"added", "freed", b"freed", "items", b"items", "iteration", b"iteration", "preempted", b"preempted", "start_time", b"start_time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

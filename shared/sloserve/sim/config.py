@@ -38,6 +38,7 @@ class SimConfig:
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
+    record_decisions: bool = False  # keep the controller's actions and every plan (tests)
 
     def validate(self) -> None:
         if self.instances < 1:

@@ -1,7 +1,8 @@
 """Per-iteration discrete-event simulator (DESIGN.md: one implementation, two drivers).
 
-Each instance is a ``sloserve.instance.Instance`` with its policy; the
-``Router`` places arrivals and offloads exactly as the gateway does. Every
+Each instance is a ``sloserve.instance.Instance`` with its policy; the core
+``Controller`` places arrivals, offloads and drops exactly as it does in the
+gateway: this driver only carries out its actions and times batches. Every
 batch's duration comes from a ground-truth ``TimingSource`` (real GPU
 profiles); the policies only ever see an ``AscendraRegression`` warm-started
 from a profiling sweep of *measured* samples and refitted online from every
@@ -15,6 +16,7 @@ import time
 from typing import Any
 
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
+from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.base import TimingSource
@@ -24,8 +26,7 @@ from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
 from sloserve.policies import make_policy
 from sloserve.policies.base import PolicyConfig
-from sloserve.request import Request
-from sloserve.router import Router
+from sloserve.request import Request, RequestStatus
 from sloserve.sim.config import SimConfig
 from sloserve.sim.events import EventKind, EventQueue
 from sloserve.workload.generate import Workload, make_requests
@@ -112,13 +113,13 @@ class Simulation:
             for i, role in enumerate(roles)
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
-        self.router = Router(
-            [i.instance_id for i in self.instances if i.role == "lp"],
-            [i.instance_id for i in self.instances if i.role == "hp"],
-        )
-        self.has_hp = cfg.hp_instances > 0
+        self.controller = Controller(
+            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions)
+        self.plans: list[tuple[str, float, BatchPlan]] | None = (
+            [] if cfg.record_decisions else None)  # (instance, start, plan): protocol tests
         self.workload = build_workload(cfg, self.model, self.timing)
         self.events = EventQueue()
+        self.requests = {r.request_id: r for r in self.workload.requests}
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
@@ -143,31 +144,38 @@ class Simulation:
             ev = self.events.pop()
             now = ev.time
             if ev.kind is EventKind.ARRIVAL:
-                req = reqs[ev.target]
-                dst = self.index[self.router.route(req, now)]
-                self.instances[dst].add_request(req, now)
-                self._kick(dst, now)
+                self._carry_out(self.controller.admit(reqs[ev.target], now), now)
             else:
                 self._finish_batch(ev.target, now)
         return self._summary(now, time.perf_counter() - wall0)
 
+    def _carry_out(self, action: Action, now: float) -> None:
+        """Do what the controller decided: place a request, or end it as dropped."""
+        req = self.requests[action.request_id]
+        if isinstance(action, Dispatch):
+            k = self.index[action.instance_id]
+            self.instances[k].add_request(req, now)
+            self._kick(k, now)
+        else:
+            req.status, req.finish_time = RequestStatus.DROPPED, now
+
     def _kick(self, k: int, now: float) -> None:
-        """Start the next iteration on instance ``k`` if it is idle and has work."""
+        """Start the next iteration on instance ``k`` if it is idle and has work;
+        an empty plan leaves it idle until the next event that reaches it."""
         inst = self.instances[k]
         if self.in_flight[k] is not None or not inst.has_work:
             return
         plan, offloaded, dropped = inst.schedule(now)
-        for req in dropped:
-            self.router.on_prefill_done(req.request_id)
-        for req in offloaded:
-            req.num_offloads += 1
-            self.num_offloads += 1
-            dst = self.index[self.router.route_offload(req, now)]
-            self.instances[dst].add_request(req, now)
-            self._kick(dst, now)
+        actions = self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now)
+        if offloaded or dropped:
+            self.num_offloads += len(offloaded)
+            for action in actions:
+                self._carry_out(action, now)
         if plan.is_empty:
-            self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+            self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
             return
+        if self.plans is not None:
+            self.plans.append((inst.instance_id, now, plan))
         shape = plan.shape()
         self.in_flight[k] = (plan, shape)
         self.batch_start[k] = now
@@ -186,12 +194,8 @@ class Simulation:
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
-        events = inst.complete(plan, now)
-        if self.has_hp:  # first tokens release Ascendra's HP tickets
-            for ev in events:
-                if ev.index == 0:
-                    self.router.on_prefill_done(ev.request_id)
-        self.router.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+        self.controller.on_tokens(inst.complete(plan, now))
+        self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
         self._kick(k, now)
 
     def _summary(self, end: float, wall: float) -> dict[str, Any]:

@@ -65,7 +65,10 @@ class SimBackend:
         block_size: int = 16,
         num_blocks: int | None = None,
         time_scale: float = 1.0,
+        fixed_batch_time: float | None = None,
     ) -> None:
+        from sloserve.perf.base import TimingSource
+        from sloserve.perf.fixed import FixedTiming
         from sloserve.perf.ground_truth import ProfileTiming
         from sloserve.perf.hardware import get_hardware
         from sloserve.perf.memory import kv_capacity_blocks
@@ -73,7 +76,9 @@ class SimBackend:
 
         if not time_scale >= 0:
             raise ValueError(f"time_scale: must be >= 0, got {time_scale}")
-        self.timing = ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv)
+        self.timing: TimingSource = (
+            FixedTiming(fixed_batch_time) if fixed_batch_time is not None
+            else ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv))
         self.shape = get_model(model)
         self.gpu = gpu
         self.seed = seed
@@ -112,7 +117,8 @@ class SimBackend:
 def make_backend(name: str, **kw: object) -> Backend:
     """``sim`` or ``torch`` (the latter needs torch and ``sloserve.model.engine``)."""
     if name == "sim":
-        allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale")
+        allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale",
+                   "fixed_batch_time")
         sim: Backend = SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
         return sim
     if name == "torch":

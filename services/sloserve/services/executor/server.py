@@ -39,9 +39,12 @@ async def _wait_until(deadline: float) -> None:
         time.sleep(left)
 
 
-class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # generated
-    def __init__(self, backend: Backend, redis: aioredis.Redis, keys: Keys) -> None:
+class ExecutorService(executor_grpc.ExecutorServicer):
+    def __init__(
+        self, backend: Backend, redis: aioredis.Redis, keys: Keys, virtual_clock: bool = False,
+    ) -> None:
         self.backend = backend
+        self.virtual_clock = virtual_clock  # sim: end each batch at plan.start_time + duration
         self.redis = redis
         self.keys = keys
         self._pending: list[BatchSample] = []
@@ -73,7 +76,10 @@ class ExecutorService(executor_grpc.ExecutorServicer):  # type: ignore[misc]  # 
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
             )
             shape = plan_shape(plan) if plan.items else None
-            if step.realtime_wait:  # sim: really wait the batch's time, minus our own work
+            if step.realtime_wait and self.virtual_clock:  # the scheduler's event clock
+                await _wait_until(start + plan.start_time + step.duration_s - time.time())
+                measured = step.duration_s
+            elif step.realtime_wait:  # sim: really wait the batch's time, minus our own work
                 await _wait_until(start + step.duration_s)
                 measured = time.perf_counter() - start
             else:
@@ -109,10 +115,10 @@ async def serve(args: argparse.Namespace) -> None:
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
-        weights=args.weights,
+        weights=args.weights, fixed_batch_time=args.fixed_batch_time,
     )
     redis = aioredis.Redis.from_url(args.redis_url)
-    svc = ExecutorService(backend, redis, Keys(args.prefix))
+    svc = ExecutorService(backend, redis, Keys(args.prefix), args.clock == "virtual")
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["executor"],
         lambda s: executor_grpc.add_ExecutorServicer_to_server(svc, s),
@@ -136,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
+    p.add_argument("--fixed-batch-time", type=float, default=None,
+                   help="sim: every batch takes this many seconds (protocol tests)")
+    p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
+                   help="sim, virtual: end each batch at the plan's start_time + its duration")
     return p
 
 

@@ -1,32 +1,36 @@
 """Gateway service: ``Generate`` (server-streaming tokens), ``Cancel``, ``Info``.
 
-Validates input (INVALID_ARGUMENT naming the field), tokenizes, fills SLO
-defaults, stamps the arrival time (DESIGN.md: TTFT starts at the gateway),
-routes with the core ``Router`` (LP round-robin, HP ticket, offloads) and
-streams each token to the client as its scheduler reports it. A client that
-disconnects or calls ``Cancel`` is removed from its scheduler, which frees
-its KV blocks.
+Validates input (INVALID_ARGUMENT naming the field, ``validate``), tokenizes,
+fills SLO defaults, stamps the arrival time (DESIGN.md: TTFT starts at the
+gateway) and streams each token to the client as its scheduler reports it.
+Every multi-instance decision (route, ticket, offload, drop, cancel) is the
+core ``Controller``'s; this shell carries out its actions: a ``Dispatch``
+submits the request to that instance's scheduler, a ``Drop`` ends the stream
+with RESOURCE_EXHAUSTED. A client that disconnects or calls ``Cancel`` is
+removed from its scheduler, which frees its KV blocks.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import math
+import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import IO
 
 import grpc
 
+from sloserve.controller import Action, Controller, Dispatch, Drop
+from sloserve.decisions import action_record
 from sloserve.request import Request
-from sloserve.router import Router
 from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
+from sloserve.services.gateway.validate import InvalidInput, Limits, request_spec
 from sloserve.services.proto import (
     SERVICE_NAMES,
     common_pb2,
@@ -36,35 +40,27 @@ from sloserve.services.proto import (
     scheduler_pb2,
 )
 
-Event = Any  # scheduler_pb2.TokenEvent | scheduler_pb2.Drop | None (None: cancelled)
-
-
-class InvalidInput(ValueError):
-    """Bad client input; the message starts with the field name."""
+Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 
 
 @dataclass(slots=True)
 class Flight:
     spec: common_pb2.RequestSpec  # generated_token_ids grows as tokens arrive
-    req: Request  # what the router sees
-    instance_id: str
+    req: Request  # what the controller sees
     events: asyncio.Queue[Event]
+    instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
 
 
-@dataclass(frozen=True, slots=True)
-class Limits:
-    max_tokens_total: int  # prompt + max_tokens must fit (model context and KV capacity)
-    vocab_size: int
-
-
-class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # generated
+class GatewayService(gateway_grpc.GatewayServicer):
     def __init__(
-        self, router: Router, statuses: dict[str, scheduler_pb2.SchedulerStatus],
+        self, controller: Controller, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
+        decision_log: IO[str] | None = None,
     ) -> None:
         self.log = obs.setup_logging("gateway")
-        self.router, self.statuses, self.addresses = router, statuses, addresses
+        self.ctl, self.statuses, self.addresses = controller, statuses, addresses
         self.slo_defaults = slo_defaults
+        self.decision_log = decision_log
         first = next(iter(statuses.values())).executor
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
         self.limits = Limits(
@@ -79,95 +75,79 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
             for iid, addr in addresses.items()
         }
 
+    # --- carrying out the controller's decisions ---------------------------------
+    def _carry_out(self, actions: Iterable[Action], now: float) -> None:
+        for action in actions:
+            if self.decision_log is not None:
+                self.decision_log.write(json.dumps(action_record(action)) + "\n")
+                self.decision_log.flush()
+            f = self.flights.get(action.request_id)
+            if f is None:
+                continue
+            if isinstance(action, Dispatch):
+                f.instance_id = action.instance_id
+                f.spec.dispatch_time = now
+                f.spec.num_offloads = f.req.num_offloads
+                self.links[action.instance_id].submit(f.spec)
+                if action.cause != "route" and action.cause != "ticket":
+                    self.log.info(action.cause, request=action.request_id,
+                                  dst=action.instance_id)
+            else:
+                f.events.put_nowait(action)
+
+    def _located(self, request_id: str, instance_id: str) -> Flight | None:
+        """The flight, if ``instance_id`` is where the controller put it (else stale news)."""
+        f = self.flights.get(request_id)
+        return f if f is not None and self.ctl.location.get(request_id) == instance_id else None
+
     # --- scheduler side --------------------------------------------------------
     def inflight(self, instance_id: str) -> list[common_pb2.RequestSpec]:
-        return [f.spec for f in self.flights.values() if f.instance_id == instance_id]
+        return [self.flights[r].spec for r in self.ctl.requests_on(instance_id)
+                if r in self.flights]
 
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
-        now = time.time()
+        now = out.time or time.time()
+        fresh = []
         for ev in out.tokens:
-            f = self.flights.get(ev.request_id)
-            if f is None or f.instance_id != instance_id:
-                continue
-            if ev.index != len(f.spec.generated_token_ids):
-                continue  # a duplicate replayed after a scheduler restart
+            f = self._located(ev.request_id, instance_id)
+            if f is None or ev.index != len(f.spec.generated_token_ids):
+                continue  # stale, or a duplicate replayed after a scheduler restart
             f.spec.generated_token_ids.append(ev.token_id)
-            if ev.index == 0:
-                self.router.on_prefill_done(ev.request_id)
             f.events.put_nowait(ev)
-        for rid in out.offloaded:
-            f = self.flights.get(rid)
-            if f is None or f.instance_id != instance_id:
-                continue
-            try:
-                target = self.router.route_offload(f.req, now)
-            except ValueError as exc:  # no HP instance to take it
-                f.events.put_nowait(scheduler_pb2.Drop(request_id=rid, reason=str(exc)))
-                continue
-            f.req.num_offloads += 1
-            f.spec.num_offloads += 1
-            f.instance_id = target
-            self.links[target].submit(f.spec)
-            self.log.info("offload", request=rid, src=instance_id, dst=f.instance_id)
-        for drop in out.dropped:
-            f = self.flights.get(drop.request_id)
-            if f is not None and f.instance_id == instance_id:
-                self.router.on_prefill_done(drop.request_id)
-                f.events.put_nowait(drop)
+            fresh.append(ev)
+        self.ctl.on_tokens(fresh)
+        if out.offloaded or out.dropped:
+            offloaded = [f.req for r in out.offloaded if (f := self._located(r, instance_id))]
+            dropped = [f.req for d in out.dropped
+                       if (f := self._located(d.request_id, instance_id))]
+            self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now)
         if out.HasField("state"):
             s = out.state
-            self.router.on_instance_state(s.instance_id, s.num_waiting_prefills, now)
-
-    # --- client side ---------------------------------------------------------------
-    def _spec(self, r: gateway_pb2.GenerateRequest, now: float) -> common_pb2.RequestSpec:
-        if r.prompt and r.prompt_token_ids:
-            raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
-        ids = list(r.prompt_token_ids) if r.prompt_token_ids else self.tokenizer.encode(r.prompt)
-        if not ids:
-            raise InvalidInput("prompt: must not be empty")
-        bad = [t for t in ids if not 0 <= t < self.limits.vocab_size]
-        if bad:
-            raise InvalidInput(
-                f"prompt_token_ids: {bad[:3]} outside the vocabulary [0, {self.limits.vocab_size})")
-        if r.max_tokens < 1:
-            raise InvalidInput(f"max_tokens: must be >= 1, got {r.max_tokens}")
-        if len(ids) + r.max_tokens > self.limits.max_tokens_total:
-            raise InvalidInput(
-                f"max_tokens: prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) exceeds "
-                f"the limit of {self.limits.max_tokens_total} tokens")
-        rid = r.request_id or uuid.uuid4().hex
-        if rid in self.flights:
-            raise InvalidInput(f"request_id: {rid!r} is already in flight")
-        spec = common_pb2.RequestSpec(
-            request_id=rid, prompt_token_ids=ids, max_tokens=r.max_tokens,
-            priority=r.priority, arrival_time=now)
-        _check_sampling(r.sampling, self.limits.vocab_size)
-        spec.sampling.CopyFrom(r.sampling)
-        for name in ("ttft_slo", "tbt_slo", "jct_slo"):
-            value = getattr(r, name) if r.HasField(name) else self.slo_defaults.get(name)
-            if value is not None:
-                if not (math.isfinite(value) and value > 0):
-                    raise InvalidInput(f"{name}: must be a positive number of seconds, got {value}")
-                setattr(spec, name, value)
-        return spec
+            self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         now = time.time()
         try:
-            spec = self._spec(request, now)
+            if request.prompt and request.prompt_token_ids:
+                raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
+            ids = (list(request.prompt_token_ids) if request.prompt_token_ids
+                   else self.tokenizer.encode(request.prompt))
+            spec = request_spec(request, ids, self.limits, self.slo_defaults, now)
+            if spec.request_id in self.flights:
+                raise InvalidInput(f"request_id: {spec.request_id!r} is already in flight")
         except InvalidInput as exc:
             code = (grpc.StatusCode.ALREADY_EXISTS if str(exc).startswith("request_id")
                     else grpc.StatusCode.INVALID_ARGUMENT)
             await context.abort(code, str(exc))
-        req = request_of(spec)
         rid = spec.request_id
-        target = self.router.route(req, now)
-        spec.origin_instance = target
-        f = Flight(spec, req, target, asyncio.Queue())
+        f = Flight(spec, request_of(spec), asyncio.Queue())
         self.flights[rid] = f
-        self.links[target].submit(spec)
+        action = self.ctl.admit(f.req, now)
+        if isinstance(action, Dispatch):
+            spec.origin_instance = action.instance_id
+        self._carry_out([action], now)
         detok = self.tokenizer.detokenizer()
         done = False
         try:
@@ -175,10 +155,11 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
                 ev = await f.events.get()
                 if ev is None:
                     await context.abort(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
-                if isinstance(ev, scheduler_pb2.Drop):
+                if isinstance(ev, Drop):
                     done = True
                     await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                         f"request {rid}: {ev.reason}")
+                assert ev is not None and not isinstance(ev, Drop)
                 done = ev.finished
                 yield gateway_pb2.GenerateChunk(
                     request_id=rid, index=ev.index, token_id=ev.token_id,
@@ -188,10 +169,12 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
                     produced_time=ev.time,
                 )
         finally:
+            instance = self.ctl.location.get(rid)
             self.flights.pop(rid, None)
             if not done:  # client went away or cancelled: free it everywhere
-                self.links[f.instance_id].cancel(rid)
-                self.router.on_prefill_done(rid)
+                if instance is not None:
+                    self.links[instance].cancel(rid)
+                self.ctl.on_cancel(rid, time.time())
 
     async def Cancel(
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
@@ -217,20 +200,7 @@ class GatewayService(gateway_grpc.GatewayServicer):  # type: ignore[misc]  # gen
             instances=instances, tokenizer=self.tokenizer.name)
 
 
-def _check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
-    """vLLM's SamplingParams ranges; the message names the field."""
-    if s.HasField("temperature") and not (math.isfinite(s.temperature) and s.temperature >= 0):
-        raise InvalidInput(f"sampling.temperature: must be >= 0, got {s.temperature}")
-    if s.HasField("top_p") and not 0 < s.top_p <= 1:
-        raise InvalidInput(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-    if s.HasField("top_k") and s.top_k < 0:
-        raise InvalidInput(f"sampling.top_k: must be >= 0 (0 disables), got {s.top_k}")
-    bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
-    if bad:
-        raise InvalidInput(f"sampling.stop_token_ids: {bad[:3]} outside [0, {vocab_size})")
-
-
-def _finish_reason(ev: Any, max_tokens: int) -> str:
+def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
     """OpenAI/vLLM semantics: ``length`` when max_tokens was reached, else ``stop``."""
     return "length" if ev.index + 1 >= max_tokens else "stop"
 
@@ -262,11 +232,11 @@ async def serve(args: argparse.Namespace) -> None:
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
-    router = Router([i for i, s in statuses.items() if s.role == "lp"],
-                    [i for i, s in statuses.items() if s.role == "hp"])
+    controller = Controller([(i, s.role) for i, s in statuses.items()])
     defaults = {"ttft_slo": args.ttft_slo or None, "tbt_slo": args.tbt_slo or None,
                 "jct_slo": None}
-    svc = GatewayService(router, statuses, addresses, defaults)
+    log = open(args.decision_log, "a") if args.decision_log else None
+    svc = GatewayService(controller, statuses, addresses, defaults, log)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
@@ -283,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ttft-slo", type=float, default=1.0, help="default TTFT SLO, s (0: none)")
     p.add_argument("--tbt-slo", type=float, default=0.15, help="default TBT SLO, s (0: none)")
     p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--decision-log", default=None,
+                   help="append the controller's decisions to this file as JSON lines")
     return p
 
 

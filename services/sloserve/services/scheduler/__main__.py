@@ -1,5 +1,5 @@
 import sys
 
-from sloserve.services.scheduler.server import main
+from sloserve.services.scheduler.main import main
 
 sys.exit(main())

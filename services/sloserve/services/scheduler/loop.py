@@ -1,0 +1,129 @@
+"""The scheduler's iteration loop: plan -> executor -> result -> instance -> gateway.
+
+Each iteration ``Instance.schedule`` (the policy decides) gives a plan; it goes
+down the executor stream, its ``IterationResult`` comes back and
+``Instance.complete`` applies it. Tokens, offloads, drops and the instance
+state go up to the gateway, held with the Redis flush until ``HOLD_S`` after
+the next plan has left (off its hop). An empty plan leaves the instance idle
+until the next submission or cancel wakes it — the simulator's rule, so both
+drivers ask the policy at the same moments.
+"""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+from prometheus_client import Gauge, Histogram
+
+from sloserve.batch import BatchPlan
+from sloserve.decisions import plan_record
+from sloserve.request import Request
+from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
+from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
+from sloserve.services.scheduler.server import SchedulerService
+
+ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
+OVERHEAD = Histogram(
+    "sloserve_iteration_overhead_seconds", "Per-iteration service overhead", ["instance"],
+    buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
+)
+QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
+Report = tuple[scheduler_pb2.SchedulerOutput, list[str]]  # (tokens + state, finished ids)
+
+
+def _decide(
+    svc: SchedulerService, now: float
+) -> tuple[BatchPlan | None, scheduler_pb2.SchedulerOutput]:
+    """The policy's plan (None when idle) and the offloads and drops it decided."""
+    out = svc.output()
+    if not svc.instance.has_work:
+        return None, out
+    plan, offloaded, dropped = svc.instance.schedule(now)
+    _taken(svc, offloaded, dropped, out)
+    if not plan.items:
+        return None, out
+    svc.record(plan_record(svc.instance.instance_id, plan))
+    return plan, out
+
+
+def _taken(
+    svc: SchedulerService, offloaded: list[Request], dropped: list[Request],
+    out: scheduler_pb2.SchedulerOutput,
+) -> None:
+    for req in offloaded:
+        svc.release(req.request_id)
+        out.offloaded.append(req.request_id)
+    for req in dropped:
+        svc.release(req.request_id)
+        out.dropped.add(request_id=req.request_id, reason="dropped by the policy")
+
+
+def _flush(svc: SchedulerService, report: Report | None) -> None:
+    """Send the previous batch's tokens to the gateway and Redis; release finished ones."""
+    if report is None:
+        return
+    out, finished = report
+    if out.tokens:
+        svc.store.append_tokens({t.request_id: t.token_id for t in out.tokens})
+    for rid in finished:
+        svc.release(rid)
+    svc.send(out)
+
+
+async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> None:
+    # after a restart, run nothing until the gateway's Hello: it says which restored
+    # requests are still wanted, and tokens made before then could not be delivered
+    await svc.synced.wait()
+    call = executor.Execute()
+    inst, clock = svc.instance, svc.clock
+    iid = inst.instance_id
+    m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
+    m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    prev_recv: float | None = None  # end of the previous busy iteration
+    report: Report | None = None
+    while True:
+        t0 = time.perf_counter()
+        now = clock.now()
+        plan, out = _decide(svc, now)
+        t1 = time.perf_counter()
+        if plan is None:  # idle until a submission or cancel wakes us
+            svc.unhold()
+            _flush(svc, report)
+            report = None
+            out.state.CopyFrom(state_to_proto(inst, now))
+            svc.send(out)
+            svc.store.kick(time.perf_counter(), interval=0.0)
+            prev_recv = None
+            svc.wake.clear()
+            await svc.wake.wait()
+            continue
+        svc.iterations += 1
+        freed, svc.freed = svc.freed, []
+        msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
+                            block_tables=svc.executor.backend != "sim")
+        await call.write(msg)
+        svc.hold()
+        if out.offloaded or out.dropped:
+            svc.send(out)  # decided with this plan
+        _flush(svc, report)  # the previous batch's tokens, off the critical path
+        res: executor_pb2.IterationResult = await call.read()
+        if res is grpc.aio.EOF:
+            raise ConnectionError("executor: the Execute stream ended")
+        t_recv = time.perf_counter()
+        end = clock.batch_end(now, res.duration_s)
+        sampled = {t.request_id: t.token_id for t in res.tokens}
+        events = inst.complete(plan, end, res.stopped, sampled)
+        report_out = svc.output()
+        tokens_to_proto(events, res.stopped, report_out)
+        report_out.state.CopyFrom(state_to_proto(inst, end))
+        report = (report_out, [ev.request_id for ev in events if ev.finished])
+        svc.schedule_time.append(t1 - t0)
+        m_iter.observe(res.duration_s)
+        m_wait.set(len(inst.waiting))
+        m_run.set(len(inst.running))
+        if prev_recv is not None:
+            over = t_recv - prev_recv - res.duration_s
+            svc.overhead.append(over)
+            m_over.observe(over)
+        prev_recv = t_recv

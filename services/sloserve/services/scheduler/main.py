@@ -1,0 +1,104 @@
+"""``python -m sloserve.services.scheduler``: build the instance and serve it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import time
+
+import grpc
+import redis.asyncio as aioredis
+
+from sloserve.instance import Instance
+from sloserve.kv import BlockManager
+from sloserve.policies import PolicyConfig, make_policy
+from sloserve.services import obs, rpc
+from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
+from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
+from sloserve.services.scheduler import loop
+from sloserve.services.scheduler.clock import make_clock
+from sloserve.services.scheduler.server import SchedulerService
+from sloserve.services.scheduler.state import RequestStore
+from sloserve.services.store import Keys
+
+
+async def _describe(
+    stub: executor_grpc.ExecutorStub, timeout: float
+) -> executor_pb2.ExecutorDescription:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            desc: executor_pb2.ExecutorDescription = await stub.Describe(
+                executor_pb2.DescribeRequest(), timeout=2.0)
+            return desc
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    redis = aioredis.Redis.from_url(args.redis_url)
+    keys = Keys(args.prefix)
+    executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
+    desc = await _describe(executor, args.connect_timeout)
+    perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
+    policy = make_policy(
+        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs,
+                                  offload_threshold=args.offload_threshold))
+    instance = Instance(
+        args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
+        perf_model, role=args.role,
+    )
+    store = RequestStore(redis, keys, args.instance_id)
+    log = open(args.decision_log, "a") if args.decision_log else None
+    svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log)
+
+    def apply(c: Published) -> None:
+        perf_model.set_coefficients(c.values)
+        svc.coefficients = c
+
+    follower = await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait)
+    svc.restore(await store.restore())
+    server, _ = await rpc.start_server(
+        args.host, args.port, SERVICE_NAMES["scheduler"],
+        lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
+    )
+    obs.start_metrics(args.metrics_port, args.host)
+    gc.collect()
+    gc.freeze()  # long-lived startup objects leave the collector's scans (GC pauses hit p99)
+    tasks = [asyncio.create_task(loop.run(svc, executor)),
+             asyncio.create_task(store.flush_forever()), follower]
+    svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,
+                 kv_blocks=desc.kv_capacity_blocks, coefficients=svc.coefficients.version)
+    try:
+        await rpc.serve_until_signal(server, tasks)
+    finally:
+        await asyncio.wait_for(store.flush(), 2.0)
+        await redis.aclose()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = rpc.service_parser("scheduler")
+    p.add_argument("--instance-id", required=True)
+    p.add_argument("--role", default="lp", choices=("lp", "hp"))
+    p.add_argument("--policy", default="sarathi", help="registered policy name")
+    p.add_argument("--token-budget", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--offload-threshold", type=float, default=1.0,
+                   help="Ascendra LP (0: never offload, e.g. no HP instance)")
+    p.add_argument("--executor", required=True, help="executor address host:port")
+    p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--coefficients-wait", type=float, default=20.0,
+                   help="seconds to wait at startup for the perf model's first fit")
+    p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
+                   help="virtual: the simulator's event clock (protocol tests, with a "
+                        "virtual-clock sim executor)")
+    p.add_argument("--decision-log", default=None,
+                   help="append every batch plan to this file as JSON lines")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rpc.run_service(serve, build_parser(), argv)

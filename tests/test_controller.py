@@ -1,0 +1,140 @@
+"""The controller (Ascendra §4, §6.1, generalised): routing, HP tickets, offloads, drops, loss."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import req
+
+from sloserve.controller import (
+    DROP_BY_POLICY,
+    DROP_NO_HP,
+    Controller,
+    Dispatch,
+    Drop,
+)
+from sloserve.instance import TokenEvent
+
+LP3 = [("lp0", "lp"), ("lp1", "lp"), ("lp2", "lp")]
+
+
+def route(c: Controller, rid: str, now: float = 0.0) -> str:
+    a = c.admit(req(rid, 10), now)
+    assert isinstance(a, Dispatch)
+    return a.instance_id
+
+
+def first_token(rid: str) -> TokenEvent:
+    return TokenEvent(rid, 0, 0.0, False)
+
+
+def test_new_requests_go_round_robin_over_lp() -> None:
+    c = Controller(LP3)
+    assert [route(c, f"r{i}") for i in range(5)] == ["lp0", "lp1", "lp2", "lp0", "lp1"]
+
+
+def test_a_ticket_routes_exactly_one_new_request_to_hp_at_a_time() -> None:
+    c = Controller([("lp0", "lp"), ("lp1", "lp"), ("hp0", "hp")])
+    assert c.admit(req("t1", 10), 0.0) == Dispatch("t1", "hp0", "ticket")  # idle HP: a ticket
+    c.on_instance_state("hp0", 0, 0.1)  # even with its queue empty again...
+    assert [route(c, f"r{i}", 0.1) for i in range(3)] == ["lp0", "lp1", "lp0"]
+    c.on_tokens([first_token("r0")])  # ...only the ticketed request's first token frees it
+    assert route(c, "r3", 0.1) == "lp1"
+    c.on_tokens([first_token("t1")])
+    assert route(c, "t2", 0.2) == "hp0"
+    assert route(c, "r4", 0.2) == "lp0"
+
+
+def test_no_ticket_while_the_hp_queue_is_not_empty() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    c.on_instance_state("hp0", 2, 0.0)  # offloads waiting there
+    assert route(c, "a") == "lp0"
+    c.on_instance_state("hp0", 0, 0.5)
+    assert route(c, "b", 0.5) == "hp0"
+
+
+def test_without_ticket_entry_new_requests_never_go_to_hp() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")], ticket_entry=False)
+    assert {route(c, f"r{i}") for i in range(4)} == {"lp0"}
+
+
+def test_offloads_go_to_the_hp_with_fewest_waiting_prefills_ties_round_robin() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp"), ("hp1", "hp")], ticket_entry=False)
+    got = []
+    for i in range(4):
+        (a,) = c.on_scheduled("lp0", [req(f"o{i}", 10)], [], 0.0)
+        assert isinstance(a, Dispatch) and a.cause == "offload"
+        got.append(a.instance_id)
+        c.on_instance_state("hp0", 0, 0.0)  # both drained again: a tie every time
+        c.on_instance_state("hp1", 0, 0.0)
+    assert got == ["hp0", "hp1", "hp0", "hp1"]
+    c.on_instance_state("hp0", 5, 0.1)
+    c.on_instance_state("hp1", 1, 0.1)
+    assert c.on_scheduled("lp0", [req("o4", 10)], [], 0.1) == [Dispatch("o4", "hp1", "offload")]
+
+
+def test_an_offload_with_no_hp_is_a_drop_with_its_reason() -> None:
+    c = Controller([("lp0", "lp"), ("lp1", "lp")])
+    r = req("x7", 10)
+    assert c.on_scheduled("lp0", [r], [], 0.0) == [Drop("x7", DROP_NO_HP)]
+    assert r.num_offloads == 0
+
+
+def test_a_policy_drop_ends_the_request_and_frees_its_ticket() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    assert route(c, "t") == "hp0"
+    c.on_instance_state("hp0", 0, 0.0)
+    assert c.on_scheduled("hp0", [], [req("t", 10)], 0.1) == [Drop("t", DROP_BY_POLICY)]
+    assert "t" not in c.location
+    assert route(c, "u", 0.1) == "hp0"  # the ticket is free again
+
+
+def test_cancel_and_finish_forget_the_request() -> None:
+    c = Controller(LP3)
+    route(c, "a")
+    route(c, "b")
+    c.on_cancel("a", 0.1)
+    c.on_tokens([TokenEvent("b", 0, 0.1, True)])
+    assert c.location == {}
+
+
+def test_a_lost_instance_gets_no_new_work_and_its_requests_rerun_elsewhere() -> None:
+    c = Controller(LP3)
+    placed = {f"r{i}": route(c, f"r{i}") for i in range(3)}
+    assert placed == {"r0": "lp0", "r1": "lp1", "r2": "lp2"}
+    actions = c.on_instance_lost("lp1", 1.0)
+    assert [(a.request_id, a.cause) for a in actions if isinstance(a, Dispatch)] == [
+        ("r1", "rerun")]
+    assert all(a.instance_id != "lp1" for a in actions if isinstance(a, Dispatch))
+    assert "lp1" not in {route(c, f"n{i}", 1.1) for i in range(6)}
+    c.on_instance_back("lp1", 2.0)
+    assert "lp1" in {route(c, f"m{i}", 2.1) for i in range(3)}
+
+
+def test_without_lp_new_requests_go_round_robin_over_all_instances() -> None:
+    c = Controller([("hp0", "hp"), ("hp1", "hp")])
+    assert [route(c, f"r{i}") for i in range(3)] == ["hp0", "hp1", "hp0"]
+
+
+def test_recording_keeps_every_decision_in_order() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")], record=True)
+    route(c, "a")
+    route(c, "b")
+    c.on_scheduled("lp0", [req("b", 10)], [], 0.1)
+    assert c.decisions == [Dispatch("a", "hp0", "ticket"), Dispatch("b", "lp0", "route"),
+                           Dispatch("b", "hp0", "offload")]
+
+
+def test_bad_configuration_and_reports_are_rejected_by_name() -> None:
+    with pytest.raises(ValueError, match="at least one"):
+        Controller([])
+    with pytest.raises(ValueError, match="unique.*'a'"):
+        Controller([("a", "lp"), ("a", "hp")])
+    with pytest.raises(ValueError, match="role"):
+        Controller([("a", "xx")])
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    with pytest.raises(ValueError, match="instance_id.*'nope'"):
+        c.on_instance_state("nope", 0, 0.0)
+    with pytest.raises(ValueError, match="num_waiting_prefills"):
+        c.on_instance_state("hp0", -1, 0.0)
+    with pytest.raises(ValueError, match="instance_id.*'zz'"):
+        c.on_instance_lost("zz", 0.0)
