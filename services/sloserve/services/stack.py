@@ -50,6 +50,7 @@ class StackConfig:
     fixed_batch_time: float | None = None  # sim executors: every batch takes this long
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
+    perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -121,10 +122,11 @@ class Stack:
                 "--max-num-seqs", str(c.max_num_seqs[role]),
                 "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
+                "--perf-model", c.perf_model,
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds,
-              *self._decision_log("gateway")]
+              "--clock", c.clock, *self._decision_log("gateway")]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{h}:{c.gateway_port}", "gateway")
 

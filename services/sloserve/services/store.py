@@ -74,5 +74,13 @@ class Keys:
         return f"{self.prefix}:samples"
 
     @property
+    def clock(self) -> str:  # virtual clock: the horizon (float) + pub/sub channel
+        return f"{self.prefix}:clock"
+
+    @property
+    def clock_held(self) -> str:  # hash: executor -> end of the batch it holds ("" = none)
+        return f"{self.prefix}:clock:held"
+
+    @property
     def coefficients(self) -> str:  # string (JSON) + pub/sub channel of the same name
         return f"{self.prefix}:coefficients"

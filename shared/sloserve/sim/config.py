@@ -39,6 +39,7 @@ class SimConfig:
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
+    perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
 
     def validate(self) -> None:
         if self.instances < 1:
@@ -59,6 +60,8 @@ class SimConfig:
                    self.fixed_lengths is not None]
         if sum(sources) != 1:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
+        if self.perf_model not in ("online", "roofline"):
+            raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
         if self.noise_cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {self.noise_cv}")
 

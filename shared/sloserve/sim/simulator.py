@@ -98,7 +98,10 @@ class Simulation:
         self.timing = build_timing(cfg)
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
-        self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
+        if cfg.perf_model == "online":
+            self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
+        else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
+            self.perf_model.refit_every = 1 << 62
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         n_lp = cfg.instances - cfg.hp_instances
         roles = ["lp"] * n_lp + ["hp"] * cfg.hp_instances
@@ -115,8 +118,8 @@ class Simulation:
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
         self.controller = Controller(
             [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions)
-        self.plans: list[tuple[str, float, BatchPlan]] | None = (
-            [] if cfg.record_decisions else None)  # (instance, start, plan): protocol tests
+        self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
+            [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
         self.workload = build_workload(cfg, self.model, self.timing)
         self.events = EventQueue()
         self.requests = {r.request_id: r for r in self.workload.requests}
@@ -174,12 +177,13 @@ class Simulation:
         if plan.is_empty:
             self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
             return
-        if self.plans is not None:
-            self.plans.append((inst.instance_id, now, plan))
         shape = plan.shape()
+        end = now + self.timing.batch_time(shape)
+        if self.plans is not None:
+            self.plans.append((inst.instance_id, now, end, plan))
         self.in_flight[k] = (plan, shape)
         self.batch_start[k] = now
-        self.events.push(now + self.timing.batch_time(shape), EventKind.BATCH_END, k)
+        self.events.push(end, EventKind.BATCH_END, k)
 
     def _finish_batch(self, k: int, now: float) -> None:
         inst = self.instances[k]

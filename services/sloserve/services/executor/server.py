@@ -18,6 +18,7 @@ import redis.asyncio as aioredis
 from sloserve.batch import BatchSample
 from sloserve.services import obs, rpc
 from sloserve.services.executor.backends import Backend, make_backend, plan_shape
+from sloserve.services.executor.horizon import Horizon
 from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
 from sloserve.services.store import Keys
@@ -41,10 +42,11 @@ async def _wait_until(deadline: float) -> None:
 
 class ExecutorService(executor_grpc.ExecutorServicer):
     def __init__(
-        self, backend: Backend, redis: aioredis.Redis, keys: Keys, virtual_clock: bool = False,
+        self, backend: Backend, redis: aioredis.Redis, keys: Keys,
+        horizon: Horizon | None = None,
     ) -> None:
         self.backend = backend
-        self.virtual_clock = virtual_clock  # sim: end each batch at plan.start_time + duration
+        self.horizon = horizon  # virtual clock: results wait for the conductor's horizon
         self.redis = redis
         self.keys = keys
         self._pending: list[BatchSample] = []
@@ -76,8 +78,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
             )
             shape = plan_shape(plan) if plan.items else None
-            if step.realtime_wait and self.virtual_clock:  # the scheduler's event clock
-                await _wait_until(start + plan.start_time + step.duration_s - time.time())
+            if step.realtime_wait and self.horizon is not None:  # virtual time
+                await self.horizon.wait_for(plan.start_time + step.duration_s)
                 measured = step.duration_s
             elif step.realtime_wait:  # sim: really wait the batch's time, minus our own work
                 await _wait_until(start + step.duration_s)
@@ -86,6 +88,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                 measured = step.duration_s
             result.duration_s = measured
             yield result
+            if self.horizon is not None:
+                await self.horizon.released()
             if shape is not None:
                 self._pending.append(BatchSample(shape, measured))
                 self._flush_wanted.set()
@@ -118,7 +122,11 @@ async def serve(args: argparse.Namespace) -> None:
         weights=args.weights, fixed_batch_time=args.fixed_batch_time,
     )
     redis = aioredis.Redis.from_url(args.redis_url)
-    svc = ExecutorService(backend, redis, Keys(args.prefix), args.clock == "virtual")
+    horizon = None
+    if args.clock == "virtual":
+        horizon = Horizon(redis, Keys(args.prefix), f"{args.host}:{args.port}")
+        await horizon.start()
+    svc = ExecutorService(backend, redis, Keys(args.prefix), horizon)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["executor"],
         lambda s: executor_grpc.add_ExecutorServicer_to_server(svc, s),
@@ -145,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fixed-batch-time", type=float, default=None,
                    help="sim: every batch takes this many seconds (protocol tests)")
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
-                   help="sim, virtual: end each batch at the plan's start_time + its duration")
+                   help="sim, virtual: a batch ends at the plan's start_time + its duration, "
+                        "when a conductor moves the horizon there (protocol tests)")
     return p
 
 

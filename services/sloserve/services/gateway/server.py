@@ -41,6 +41,7 @@ from sloserve.services.proto import (
 )
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
+ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 
 
 @dataclass(slots=True)
@@ -55,9 +56,10 @@ class GatewayService(gateway_grpc.GatewayServicer):
     def __init__(
         self, controller: Controller, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
-        decision_log: IO[str] | None = None,
+        decision_log: IO[str] | None = None, virtual_clock: bool = False,
     ) -> None:
         self.log = obs.setup_logging("gateway")
+        self.virtual_clock = virtual_clock
         self.ctl, self.statuses, self.addresses = controller, statuses, addresses
         self.slo_defaults = slo_defaults
         self.decision_log = decision_log
@@ -128,7 +130,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
-        now = time.time()
+        now = self._arrival_time(context)
         try:
             if request.prompt and request.prompt_token_ids:
                 raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
@@ -175,6 +177,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if instance is not None:
                     self.links[instance].cancel(rid)
                 self.ctl.on_cancel(rid, time.time())
+
+    def _arrival_time(self, context: grpc.aio.ServicerContext) -> float:
+        """Now; with a virtual clock, the time the conductor stamped on the call."""
+        if self.virtual_clock:
+            for key, value in context.invocation_metadata() or ():
+                if key == ARRIVAL_METADATA:
+                    return float(value)
+        return time.time()
 
     async def Cancel(
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
@@ -236,7 +246,7 @@ async def serve(args: argparse.Namespace) -> None:
     defaults = {"ttft_slo": args.ttft_slo or None, "tbt_slo": args.tbt_slo or None,
                 "jct_slo": None}
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = GatewayService(controller, statuses, addresses, defaults, log)
+    svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual")
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
@@ -255,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--decision-log", default=None,
                    help="append the controller's decisions to this file as JSON lines")
+    p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
+                   help=f"virtual: arrival times come from the {ARRIVAL_METADATA} metadata "
+                        "(a protocol test's conductor)")
     return p
 
 

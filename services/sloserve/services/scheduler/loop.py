@@ -96,7 +96,9 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
             svc.store.kick(time.perf_counter(), interval=0.0)
             prev_recv = None
             svc.wake.clear()
+            svc.waiting_for_wake = True
             await svc.wake.wait()
+            svc.waiting_for_wake = False
             continue
         svc.iterations += 1
         freed, svc.freed = svc.freed, []

@@ -59,7 +59,9 @@ async def serve(args: argparse.Namespace) -> None:
         perf_model.set_coefficients(c.values)
         svc.coefficients = c
 
-    follower = await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait)
+    tasks = []
+    if args.perf_model == "online":  # roofline: the uncalibrated model, frozen (tests)
+        tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait))
     svc.restore(await store.restore())
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["scheduler"],
@@ -68,8 +70,8 @@ async def serve(args: argparse.Namespace) -> None:
     obs.start_metrics(args.metrics_port, args.host)
     gc.collect()
     gc.freeze()  # long-lived startup objects leave the collector's scans (GC pauses hit p99)
-    tasks = [asyncio.create_task(loop.run(svc, executor)),
-             asyncio.create_task(store.flush_forever()), follower]
+    tasks += [asyncio.create_task(loop.run(svc, executor)),
+              asyncio.create_task(store.flush_forever())]
     svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,
                  kv_blocks=desc.kv_capacity_blocks, coefficients=svc.coefficients.version)
     try:
@@ -95,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help="virtual: the simulator's event clock (protocol tests, with a "
                         "virtual-clock sim executor)")
+    p.add_argument("--perf-model", choices=("online", "roofline"), default="online",
+                   help="online: follow the perf-model service's fits; roofline: never refit")
     p.add_argument("--decision-log", default=None,
                    help="append every batch plan to this file as JSON lines")
     return p

@@ -54,6 +54,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
         self.wake = asyncio.Event()
+        self.waiting_for_wake = False  # the loop is parked until ``wake``
         self.synced = asyncio.Event()  # a gateway said which requests it still wants
         self.iterations = 0
         self.overhead: deque[float] = deque(maxlen=5000)
@@ -207,6 +208,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             executor=self.executor, coefficients=self.coefficients.values,
             coefficients_version=self.coefficients.version,
             policy_config=json.dumps(_config_dict(inst.policy.config)),
+            idle=self.waiting_for_wake and not self.wake.is_set(),
         )
 
 
