@@ -8,12 +8,17 @@ finish or preemption. It never hands out more blocks than it has.
 from __future__ import annotations
 
 
+def check_geometry(num_blocks: int, block_size: int) -> None:
+    """A KV cache's shape, checked the same way wherever one is built."""
+    if num_blocks < 1:
+        raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+    if block_size < 1:
+        raise ValueError(f"block_size: must be >= 1, got {block_size}")
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        check_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free: list[int] = list(range(num_blocks - 1, -1, -1))

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import grpc
+from typing_extensions import Unpack
 
 from sloserve.client.errors import from_rpc_error
 from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
@@ -29,21 +30,40 @@ class Chunk:
     produced_time: float  # when the instance's iteration produced it (before the gateway hop)
 
 
-def _request(
-    prompt: str | None, prompt_token_ids: Sequence[int] | None, max_tokens: int,
-    ttft_slo: float | None, tbt_slo: float | None, jct_slo: float | None, priority: int,
-    request_id: str | None, sampling: common_pb2.Sampling,
-) -> gateway_pb2.GenerateRequest:
-    kw: dict[str, Any] = {"max_tokens": max_tokens, "priority": priority,
-                          "request_id": request_id or "", "sampling": sampling}
+class GenerateOptions(TypedDict, total=False):
+    """Keyword options of ``generate`` (both clients). SLOs in seconds; sampling as vLLM's."""
+
+    prompt_token_ids: Sequence[int]  # instead of a text prompt
+    max_tokens: int  # default 16
+    ttft_slo: float  # unset: the gateway's default
+    tbt_slo: float
+    jct_slo: float
+    priority: int  # higher = more urgent
+    request_id: str  # default: the gateway assigns one
+    temperature: float  # 0 = greedy; unset: 1.0
+    top_p: float
+    top_k: int
+    seed: int
+    ignore_eos: bool  # generate exactly max_tokens
+    stop_token_ids: Sequence[int]
+
+
+def _request(prompt: str | None, opts: GenerateOptions) -> gateway_pb2.GenerateRequest:
+    msg = gateway_pb2.GenerateRequest(
+        max_tokens=opts.get("max_tokens", 16), priority=opts.get("priority", 0),
+        request_id=opts.get("request_id") or "",
+        sampling=sampling(opts.get("temperature"), opts.get("top_p"), opts.get("top_k"),
+                          opts.get("seed"), opts.get("ignore_eos", False),
+                          opts.get("stop_token_ids", ())))
     if prompt is not None:
-        kw["prompt"] = prompt
-    if prompt_token_ids is not None:
-        kw["prompt_token_ids"] = list(prompt_token_ids)
-    for name, value in (("ttft_slo", ttft_slo), ("tbt_slo", tbt_slo), ("jct_slo", jct_slo)):
+        msg.prompt = prompt
+    if "prompt_token_ids" in opts:
+        msg.prompt_token_ids.extend(opts["prompt_token_ids"])
+    for name in ("ttft_slo", "tbt_slo", "jct_slo"):
+        value = opts.get(name)
         if value is not None:
-            kw[name] = value
-    return gateway_pb2.GenerateRequest(**kw)
+            setattr(msg, name, value)
+    return msg
 
 
 def sampling(
@@ -83,17 +103,10 @@ class Client:
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     def generate(
-        self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
-        max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
-        jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
-        timeout: float | None = None, temperature: float | None = None,
-        top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
-        ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        self, prompt: str | None = None, *, timeout: float | None = None,
+        **opts: Unpack[GenerateOptions],
     ) -> Iterator[Chunk]:
-        req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
-                       priority, request_id,
-                       sampling(temperature, top_p, top_k, seed, ignore_eos, stop_token_ids))
-        call = self._stub.Generate(req, timeout=timeout)
+        call = self._stub.Generate(_request(prompt, opts), timeout=timeout)
         try:
             for c in call:
                 yield _chunk(c)
@@ -132,17 +145,10 @@ class AsyncClient:
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     async def generate(
-        self, prompt: str | None = None, *, prompt_token_ids: Sequence[int] | None = None,
-        max_tokens: int = 16, ttft_slo: float | None = None, tbt_slo: float | None = None,
-        jct_slo: float | None = None, priority: int = 0, request_id: str | None = None,
-        timeout: float | None = None, temperature: float | None = None,
-        top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
-        ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+        self, prompt: str | None = None, *, timeout: float | None = None,
+        **opts: Unpack[GenerateOptions],
     ) -> AsyncIterator[Chunk]:
-        req = _request(prompt, prompt_token_ids, max_tokens, ttft_slo, tbt_slo, jct_slo,
-                       priority, request_id,
-                       sampling(temperature, top_p, top_k, seed, ignore_eos, stop_token_ids))
-        call = self._stub.Generate(req, timeout=timeout)
+        call = self._stub.Generate(_request(prompt, opts), timeout=timeout)
         try:
             async for c in call:
                 yield _chunk(c)

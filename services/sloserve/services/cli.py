@@ -10,6 +10,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 # subcommand -> module under sloserve.services
 SUBCOMMANDS = {
@@ -24,7 +25,7 @@ SUBCOMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -7,8 +7,8 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +20,21 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
     ("grpc.keepalive_time_ms", 10_000),
 ]
+
+
+T = TypeVar("T")
+
+
+async def retry_until_up(call: Callable[[], Awaitable[T]], timeout: float) -> T:
+    """``call()`` again every 0.1 s while the peer is unreachable, for up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await call()
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.1)
 
 
 def channel(target: str) -> grpc.aio.Channel:
@@ -115,7 +130,7 @@ def service_parser(
 
 
 def run_service(
-    serve: Callable[[argparse.Namespace], Awaitable[None]],
+    serve: Callable[[argparse.Namespace], Coroutine[Any, Any, None]],
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
 ) -> int:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from sloserve.kv import check_geometry
+
 
 def token_slots(block_table: list[int], start: int, end: int, block_size: int) -> torch.Tensor:
     """Flat KV slots (``block * block_size + offset``) of positions ``[start, end)``."""
@@ -27,10 +29,7 @@ class PagedKVCache:
         dtype: torch.dtype,
         device: torch.device,
     ) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
-        if block_size < 1:
-            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        check_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
         self.block_size = block_size
         shape = (num_layers, num_blocks, block_size, num_kv_heads, head_dim)

@@ -217,14 +217,13 @@ def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
 
 async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:
     stub = scheduler_grpc.SchedulerStub(rpc.channel(target))
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return await stub.Status(scheduler_pb2.StatusRequest(), timeout=2.0)
-        except grpc.aio.AioRpcError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+
+    async def status() -> scheduler_pb2.SchedulerStatus:
+        st: scheduler_pb2.SchedulerStatus = await stub.Status(
+            scheduler_pb2.StatusRequest(), timeout=2.0)
+        return st
+
+    return await rpc.retry_until_up(status, timeout)
 
 
 def parse_schedulers(values: list[str]) -> dict[str, str]:

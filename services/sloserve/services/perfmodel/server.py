@@ -27,7 +27,7 @@ from sloserve.services.store import Keys
 WINDOW = 4096
 
 
-class PerfModelService(perfmodel_grpc.PerfModelServicer):  # type: ignore[misc]  # generated
+class PerfModelService(perfmodel_grpc.PerfModelServicer):
     def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys) -> None:
         self.reg = regression_for(model, gpu, WINDOW)  # refit on our timer, not per sample
         self.model, self.gpu = model, gpu

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import time
 
-import grpc
 import redis.asyncio as aioredis
 
 from sloserve.instance import Instance
@@ -26,16 +24,12 @@ from sloserve.services.store import Keys
 async def _describe(
     stub: executor_grpc.ExecutorStub, timeout: float
 ) -> executor_pb2.ExecutorDescription:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            desc: executor_pb2.ExecutorDescription = await stub.Describe(
-                executor_pb2.DescribeRequest(), timeout=2.0)
-            return desc
-        except grpc.aio.AioRpcError:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.1)
+    async def describe() -> executor_pb2.ExecutorDescription:
+        desc: executor_pb2.ExecutorDescription = await stub.Describe(
+            executor_pb2.DescribeRequest(), timeout=2.0)
+        return desc
+
+    return await rpc.retry_until_up(describe, timeout)
 
 
 async def serve(args: argparse.Namespace) -> None:
