@@ -230,6 +230,7 @@ class SchedulerStatus(_message.Message):
     EXECUTOR_FIELD_NUMBER: _builtins.int
     COEFFICIENTS_FIELD_NUMBER: _builtins.int
     COEFFICIENTS_VERSION_FIELD_NUMBER: _builtins.int
+    POLICY_CONFIG_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -246,6 +247,8 @@ class SchedulerStatus(_message.Message):
     """policy decision alone (Instance.schedule)"""
     schedule_p99_s: _builtins.float
     coefficients_version: _builtins.int
+    policy_config: _builtins.str
+    """the policy's config as a JSON object: every knob, resolved"""
     @_builtins.property
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
     @_builtins.property
@@ -267,10 +270,11 @@ class SchedulerStatus(_message.Message):
         executor: _executor_pb2.ExecutorDescription | None = ...,
         coefficients: _abc.Iterable[_builtins.float] | None = ...,
         coefficients_version: _builtins.int = ...,
+        policy_config: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "policy", b"policy", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

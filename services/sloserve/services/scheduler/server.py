@@ -36,7 +36,8 @@ from prometheus_client import Gauge, Histogram
 from sloserve.batch import BatchPlan
 from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
-from sloserve.policies import PolicyConfig, make_policy
+from sloserve.policies import Policy, get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags, config_from_args, config_json
 from sloserve.request import Request
 from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
@@ -227,6 +228,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):  # type: ignore[misc] 
             overhead_p50_s=o50, overhead_p99_s=o99, schedule_p50_s=s50, schedule_p99_s=s99,
             executor=self.executor, coefficients=self.coefficients.values,
             coefficients_version=self.coefficients.version,
+            policy_config=config_json(inst.policy.config),
         )
 
     # --- the iteration loop ----------------------------------------------------------
@@ -383,9 +385,7 @@ async def serve(args: argparse.Namespace) -> None:
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
-    policy = make_policy(
-        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs,
-                                  offload_threshold=args.offload_threshold))
+    policy = policy_from_args(args)
     instance = Instance(
         args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
         perf_model, role=args.role,
@@ -421,16 +421,23 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("scheduler")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
-    p.add_argument("--policy", default="sarathi", help="registered policy name")
-    p.add_argument("--token-budget", type=int, default=512)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--offload-threshold", type=float, default=1.0,
-                   help="Ascendra LP (0: never offload, e.g. no HP instance)")
+    p.add_argument("--policy", default="sarathi", choices=policy_names())
+    p.add_argument("--num-hp", type=int, default=0,
+                   help="HP instances in the deployment (an Ascendra LP offloads only if > 0)")
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--coefficients-wait", type=float, default=20.0,
                    help="seconds to wait at startup for the perf model's first fit")
+    add_policy_flags(p)
     return p
+
+
+def policy_from_args(args: argparse.Namespace) -> Policy:
+    """The policy this instance runs: the knob flags' config, the role's rules applied."""
+    if args.num_hp < 0:
+        raise ValueError(f"--num-hp: must be >= 0, got {args.num_hp}")
+    return get_spec(args.policy).make(args.role, config_from_args(args.policy, args),
+                                      num_hp=args.num_hp)
 
 
 def main(argv: list[str] | None = None) -> int:
