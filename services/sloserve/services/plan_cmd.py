@@ -12,7 +12,8 @@ from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
 from sloserve.plan.estimator import Efficiency, EstimatorConfig
 from sloserve.plan.optimizer import Scenario, SearchConfig, StrategyResult, plan_fast, rank
-from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, POLICIES, enumerate_strategies
+from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, enumerate_strategies
+from sloserve.policies import BASELINE, policy_names
 
 
 def _number(kind: type, minimum: float, strict: bool) -> Any:
@@ -51,9 +52,9 @@ def _efficiency(text: str) -> Efficiency:
 
 def _policies(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in POLICIES]
+    bad = [n for n in names if n not in policy_names()]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(POLICIES)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"choose from {','.join(policy_names())}; got {text!r}")
     return names
 
 
@@ -92,7 +93,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--accurate-top", type=_number(int, 1, False), default=5,
                    help="accurate mode: collocated deployments re-evaluated")
     p.add_argument("--accurate-requests", type=_number(int, 1, False), default=200)
-    p.add_argument("--policies", type=_policies, default=list(POLICIES),
+    p.add_argument("--policies", type=_policies, default=policy_names(),
                    help="accurate mode: policies tried on each deployment")
     p.add_argument("--token-budgets", type=_int_list, default=[512, 2048],
                    help="accurate mode: sarathi token budgets tried")
@@ -134,7 +135,7 @@ def _row(rank_: int, r: StrategyResult, fast: dict[tuple[str, int], float]) -> d
         "evaluated_by": r.mode, "simulations": r.evaluations,
     }
     key = (s.name, s.max_batch_size)
-    if r.mode == "accurate" and s.policy == "vllm" and key in fast:
+    if r.mode == "accurate" and s.policy == BASELINE and key in fast:
         row["fast_goodput_rps"] = round(fast[key], 4)
     return row
 

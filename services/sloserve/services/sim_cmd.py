@@ -9,7 +9,8 @@ from typing import Any
 
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.policies import get_spec, policy_names
-from sloserve.policies.flags import add_policy_flags, config_from_args as policy_config_from_args
+from sloserve.policies.flags import add_policy_flags
+from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.sim.config import SimConfig
 
 

@@ -30,6 +30,7 @@ class PolicySpec:
     config_cls: type[PolicyConfig]
     roles: Mapping[str, type[Policy]]
     hp_share: int = 0  # default HP instances: instances // hp_share, at least 1 (0: none)
+    sweep: tuple[str, ...] = ()  # knobs ``sloserve plan --mode accurate`` tries several values of
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
@@ -60,7 +61,8 @@ _SPECS: dict[str, PolicySpec] = {
     s.name: s
     for s in (
         PolicySpec("vllm", VllmConfig, MappingProxyType({"lp": VllmPolicy})),
-        PolicySpec("sarathi", SarathiConfig, MappingProxyType({"lp": SarathiPolicy})),
+        PolicySpec("sarathi", SarathiConfig, MappingProxyType({"lp": SarathiPolicy}),
+                   sweep=("token_budget",)),
         PolicySpec("ascendra", AscendraConfig,
                    MappingProxyType({"lp": AscendraLPPolicy, "hp": AscendraHPPolicy}), hp_share=3),
         PolicySpec("accelgen", AccelGenConfig, MappingProxyType({"lp": AccelGenPolicy})),
