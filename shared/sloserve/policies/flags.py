@@ -93,7 +93,7 @@ def config_from_args(policy: str, args: argparse.Namespace, *,
     left out (``compare``, where each knob goes to the policies that have it).
     """
     spec = get_spec(policy)
-    own = [f.name for f in fields(spec.config_cls)]
+    own = spec.knobs()
     values: dict[str, Any] = {}
     for name in all_knobs():
         value = getattr(args, name, None)

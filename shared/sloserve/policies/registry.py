@@ -8,7 +8,7 @@ which policy has which instance roles. Ascendra is one policy with two roles,
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 
 from sloserve.policies.accelgen import AccelGenConfig, AccelGenPolicy
@@ -34,6 +34,10 @@ class PolicySpec:
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
+
+    def knobs(self) -> list[str]:
+        """The config's field names, in declaration order."""
+        return [f.name for f in fields(self.config_cls)]
 
     def make(self, role: str, config: PolicyConfig | None = None, *, num_hp: int = 0) -> Policy:
         """The policy one ``role`` instance runs, in a deployment with ``num_hp`` HP instances.
