@@ -188,3 +188,32 @@ def test_the_comparison_pattern_catches_the_old_forms() -> None:
     for line in ('p.add_argument("--policy", default="sarathi")',
                  'for p in ("vllm", "sarathi"):', '[f(p) for p in ("vllm", "sarathi")]'):
         assert not compares(line), line
+
+
+PLAN = ["plan", "--model", "llama-2-7b", "--gpu", "a100", "--gpus", "1", "--ttft-slo", "2",
+        "--tpot-slo", "0.1", "--input-len", "64", "--output-len", "8", "--mode", "accurate"]
+
+
+def test_plan_gives_each_knob_to_the_chosen_policies_that_have_it() -> None:
+    from sloserve.plan.accurate import AccurateEvaluator
+    from sloserve.plan.strategies import COLLOCATED, Strategy
+    from sloserve.services.plan_cmd import _scenario, policy_configs
+
+    args = build_parser().parse_args([*PLAN, "--policies", "sarathi,ascendra",
+                                      "--value-function", "ljf", "--no-hp-elastic"])
+    configs = policy_configs(args)
+    ev = AccurateEvaluator(_scenario(args), policy_configs=configs)
+    cfg = ev.policy_config(Strategy(COLLOCATED, 2, 1, 16, policy="ascendra", hp_instances=1))
+    assert (cfg.value_function, cfg.hp_elastic) == ("ljf", False)  # type: ignore[attr-defined]
+    assert (cfg.max_num_seqs, cfg.token_budget) == (16, 512)  # type: ignore[attr-defined]
+    assert configs["sarathi"] == get_spec("sarathi").config_cls()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--token-budget", "100"], "--token-budget: plan searches it (--token-budgets)"),
+    (["--gamma", "0.5"], "--gamma: not a knob of any of --policies"),
+])
+def test_plan_rejects_a_searched_or_foreign_knob(flags: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*PLAN, "--policies", "vllm,sarathi", *flags]) == 2
+    assert message in capsys.readouterr().err

@@ -13,7 +13,12 @@ from sloserve.perf.models import get_model
 from sloserve.plan.estimator import Efficiency, EstimatorConfig
 from sloserve.plan.optimizer import Scenario, SearchConfig, StrategyResult, plan_fast, rank
 from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, enumerate_strategies
-from sloserve.policies import BASELINE, policy_names
+from sloserve.policies import BASELINE, PolicyConfig, get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags, all_knobs, config_from_args, flag
+
+#: knobs the search itself sets on each strategy, and the flag that sweeps each
+SEARCHED = {"max_num_seqs": "--max-batch-sizes", "token_budget": "--token-budgets",
+            "max_num_batched_tokens": "the search config"}
 
 
 def _number(kind: type, minimum: float, strict: bool) -> Any:
@@ -99,6 +104,20 @@ def add_parser(subparsers: Any) -> None:
                    help="accurate mode: sarathi token budgets tried")
     p.add_argument("--ground-truth", choices=("auto", "estimator"), default="auto",
                    help="accurate mode: real profile where one exists (auto) or the estimator")
+    add_policy_flags(p)
+
+
+def policy_configs(args: argparse.Namespace) -> dict[str, PolicyConfig]:
+    """Accurate mode: each of ``--policies`` with the knob flags it has. A knob the
+    search sets, or one no chosen policy has, is an error naming the flag."""
+    for name in all_knobs():
+        if getattr(args, name, None) is None:
+            continue
+        if name in SEARCHED:
+            raise ValueError(f"{flag(name)}: plan searches it ({SEARCHED[name]})")
+        if not any(name in get_spec(p).knobs() for p in args.policies):
+            raise ValueError(f"{flag(name)}: not a knob of any of --policies {args.policies}")
+    return {p: config_from_args(p, args, strict=False) for p in args.policies}
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -168,6 +187,7 @@ def _plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    configs = policy_configs(args)
     scenario = _scenario(args)
     defaults = EstimatorConfig()
     est_cfg = EstimatorConfig(prefill=args.prefill_eff or defaults.prefill,
@@ -186,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "accurate":
         from sloserve.plan.accurate import AccurateEvaluator, plan_accurate
 
-        ev = AccurateEvaluator(scenario, config, args.accurate_requests, args.ground_truth)
+        ev = AccurateEvaluator(scenario, config, args.accurate_requests, args.ground_truth,
+                               configs)
         accurate = plan_accurate(results, ev, args.accurate_top, args.policies,
                                  args.token_budgets)
         timing = ", ".join(sorted({ev.timing_name(r.strategy.tp) for r in accurate}))

@@ -12,8 +12,8 @@ counterpart in the per-iteration simulator and stay fast-only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import fields, replace
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from sloserve.defaults import STRICT_TOKEN_BUDGET
@@ -61,13 +61,15 @@ class AccurateEvaluator:
     """``p90(strategy, λ)`` from ``sloserve.sim.simulate`` (P90 TTFT, P90 per-request mean TBT)."""
 
     def __init__(self, scenario: Scenario, config: SearchConfig | None = None,
-                 num_requests: int = 200, ground_truth: str = "auto") -> None:
+                 num_requests: int = 200, ground_truth: str = "auto",
+                 policy_configs: Mapping[str, PolicyConfig] | None = None) -> None:
         if num_requests < 1:
             raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
         self.scenario = scenario
         self.config = config or SearchConfig()
         self.num_requests = num_requests
         self.ground_truth = ground_truth
+        self.policy_configs = dict(policy_configs or {})  # policy name -> its other knobs
         self.fast = FastEvaluator(scenario, self.config)
         self._timing: dict[int, TimingSource | None] = {}
 
@@ -102,16 +104,17 @@ class AccurateEvaluator:
                 float("inf") if tpot is None else float(tpot))
 
     def policy_config(self, strategy: Strategy) -> PolicyConfig:
-        """The strategy's batch limits as the knobs its policy has (the token budget
-        512 unless the strategy names one)."""
-        cls = get_spec(strategy.policy).config_cls
-        names = {f.name for f in fields(cls)}
+        """The policy's config (``policy_configs``, else its defaults) with the strategy's
+        batch limits as the knobs it has (the token budget 512 unless the strategy names one)."""
+        spec = get_spec(strategy.policy)
+        base = self.policy_configs.get(strategy.policy) or spec.config_cls()
+        names = spec.knobs()
         knobs: dict[str, Any] = {"max_num_seqs": strategy.max_batch_size}
         if "token_budget" in names:
             knobs["token_budget"] = strategy.token_budget or STRICT_TOKEN_BUDGET
         if "max_num_batched_tokens" in names:
             knobs["max_num_batched_tokens"] = self.config.max_batch_tokens
-        return cls(**knobs)
+        return replace(base, **knobs)
 
     def evaluate(self, strategy: Strategy) -> StrategyResult:
         return evaluate(strategy, self.p90, self.fast.t_min(strategy), self.scenario,

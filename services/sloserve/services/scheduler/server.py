@@ -380,12 +380,12 @@ async def _describe(
 
 
 async def serve(args: argparse.Namespace) -> None:
+    policy = policy_from_args(args)  # a bad knob fails before any connection
     redis = aioredis.Redis.from_url(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
-    policy = policy_from_args(args)
     instance = Instance(
         args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
         perf_model, role=args.role,
