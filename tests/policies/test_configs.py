@@ -108,3 +108,9 @@ def test_instance_roles_puts_lp_first_and_numbers_them_overall() -> None:
 def test_default_hp_is_a_third_for_a_policy_with_an_hp_role() -> None:
     assert [get_spec("ascendra").default_hp(n) for n in (1, 2, 3, 6)] == [0, 1, 1, 2]
     assert get_spec("sarathi").default_hp(6) == 0
+
+
+def test_a_float_knob_takes_an_int_as_a_float_and_rejects_nan() -> None:
+    assert repr(AscendraConfig(offload_threshold=2).offload_threshold) == "2.0"
+    with pytest.raises(ValueError, match="^gamma: must be finite"):
+        AccelGenConfig(gamma=float("nan"))

@@ -6,6 +6,7 @@ their ``_get_next_batch``; ``on_batch_end`` runs after each iteration.
 
 from __future__ import annotations
 
+import math
 import types
 import typing
 from abc import ABC, abstractmethod
@@ -48,13 +49,15 @@ def knob_types(cls: type[PolicyConfig]) -> dict[str, Any]:
     return hints
 
 
-def _check_knob(f: Field[Any], value: Any, hint: Any) -> None:
+def _check_knob(f: Field[Any], value: Any, hint: Any) -> Any:
+    """``value`` if it is valid for knob ``f`` (an int given for a float knob becomes a float);
+    else ``ValueError`` naming the field."""
     name = f.name
     kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
     if value is None:
         if type(None) not in kinds:
             raise ValueError(f"{name}: must be set, got None")
-        return
+        return value
     ok = (
         (bool in kinds and isinstance(value, bool))
         or (int in kinds and isinstance(value, int) and not isinstance(value, bool))
@@ -64,6 +67,8 @@ def _check_knob(f: Field[Any], value: Any, hint: Any) -> None:
     if not ok:
         want = " or ".join(k.__name__ for k in kinds if k is not type(None))
         raise ValueError(f"{name}: must be {want}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value}")
     meta = f.metadata
     if "choices" in meta and value not in meta["choices"]:
         raise ValueError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
@@ -71,6 +76,9 @@ def _check_knob(f: Field[Any], value: Any, hint: Any) -> None:
         raise ValueError(f"{name}: must be >= {meta['min']}, got {value}")
     if "max" in meta and value > meta["max"]:
         raise ValueError(f"{name}: must be <= {meta['max']}, got {value}")
+    if float in kinds and int not in kinds and not isinstance(value, float):
+        return float(value)
+    return value
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +91,10 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         hints = knob_types(type(self))
         for f in fields(self):
-            _check_knob(f, getattr(self, f.name), hints[f.name])
+            value = getattr(self, f.name)
+            checked = _check_knob(f, value, hints[f.name])
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)  # frozen: the one normalisation
         self.check()
 
     def check(self) -> None:
