@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
-from sloserve.policies import make_policy
-from sloserve.policies.base import PolicyConfig
+from sloserve.policies import Policy, get_spec
 from sloserve.request import SLO, Request
+
+# one policy class per name; Ascendra's two roles by "ascendra-<role>"
+CLASSES: dict[str, type[Policy]] = {
+    **{n: get_spec(n).roles["lp"] for n in ("vllm", "sarathi", "accelgen")},
+    **{f"ascendra-{r}": c for r, c in get_spec("ascendra").roles.items()},
+}
+
+
+def make_policy(name: str, **knobs: Any) -> Policy:
+    """The policy class itself with its config from ``knobs`` (no role rules applied)."""
+    cls = CLASSES[name]
+    return cls(cls.config_cls(**knobs))
 
 
 def make_instance(policy: str, num_blocks: int = 1000, block_size: int = 16,
-                  role: str = "lp", **knobs: object) -> Instance:
-    return Instance(f"{role}0", make_policy(policy, PolicyConfig(**knobs)),  # type: ignore[arg-type]
+                  role: str = "lp", **knobs: Any) -> Instance:
+    return Instance(f"{role}0", make_policy(policy, **knobs),
                     BlockManager(num_blocks, block_size), LinearPerfModel(), role=role)
 
 

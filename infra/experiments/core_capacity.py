@@ -17,6 +17,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from sloserve.policies import get_spec, policy_names
 from sloserve.sim.capacity import find_capacity
 from sloserve.sim.config import SimConfig
 
@@ -31,8 +32,8 @@ def setups(k: int) -> list[tuple[str, SimConfig]]:
     for tbt in (0.1, 0.5):
         for p in ("vllm", "sarathi", "accelgen"):
             out.append((f"a/tbt{tbt}/{p}", SimConfig(policy=p, tbt_slo=tbt, **base)))
-    for p in ("vllm", "sarathi", "ascendra", "accelgen"):
-        hp = 1 if p == "ascendra" else 0
+    for p in policy_names():
+        hp = get_spec(p).default_hp(3)
         out.append((f"b/x3/{p}", SimConfig(policy=p, instances=3, hp_instances=hp,
                                            tbt_slo=0.15, **base)))
     for p in ("vllm", "sarathi", "accelgen"):

@@ -38,6 +38,7 @@ from sloserve.batch import BatchShape
 from sloserve.metrics import meets
 from sloserve.perf.ground_truth import ProfileTiming
 from sloserve.perf.measured import MeasuredTiming
+from sloserve.policies import get_spec
 from sloserve.services.perfmodel import samples as sample_codec
 from sloserve.services.proto import scheduler_grpc, scheduler_pb2
 
@@ -84,6 +85,13 @@ def slo_scale(profile: MeasuredTiming) -> dict[str, float]:
             "token_budget": A100_BUDGET // SCALE}
 
 
+def budget_args(policy: str, slo: dict[str, float]) -> list[str]:
+    """``--token-budget`` where the policy has that knob (vllm has not)."""
+    if "token_budget" not in get_spec(policy).knobs():
+        return []
+    return ["--token-budget", str(slo["token_budget"])]
+
+
 def workload_args(qps: float, n: int, slo: dict[str, float]) -> list[str]:
     return ["--trace-file", str(TRACE), "--qps", f"{qps:g}", "--num-requests", str(n),
             "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"]),
@@ -94,7 +102,7 @@ def simulate(
     policy: str, qps: float, n: int, slo: dict[str, float], profile: Path
 ) -> dict[str, Any]:
     out = run(["sloserve", "simulate", "--policy", policy, "--model", "tiny",
-               "--timing-profile", str(profile), "--token-budget", str(slo["token_budget"]),
+               "--timing-profile", str(profile), *budget_args(policy, slo),
                *workload_args(qps, n, slo)])
     return dict(json.loads(out))
 
@@ -103,7 +111,7 @@ def sim_capacity(
     policy: str, criterion: str, n: int, slo: dict[str, float], profile: Path
 ) -> float:
     out = run(["sloserve", "capacity", "--policy", policy, "--model", "tiny",
-               "--timing-profile", str(profile), "--token-budget", str(slo["token_budget"]),
+               "--timing-profile", str(profile), *budget_args(policy, slo),
                "--trace-file", str(TRACE), "--num-requests", str(n),
                "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"]),
                "--criterion", criterion, "--json"])
@@ -118,7 +126,7 @@ class LiveStack:
         self.proc = subprocess.Popen(
             ["sloserve", "up", "--backend", "torch", "--model", "tiny", "--gpu", "cpu",
              "--policy", policy, "--port", str(port), "--redis-url", REDIS_URL,
-             "--prefix", self.prefix, "--token-budget", str(slo["token_budget"]),
+             "--prefix", self.prefix, *budget_args(policy, slo),
              "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"])],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env={**os.environ, "OMP_NUM_THREADS": str(threads)},  # torch's intra-op threads

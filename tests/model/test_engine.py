@@ -10,8 +10,8 @@ from sloserve.kv import BlockManager
 from sloserve.model.engine import TorchEngine
 from sloserve.model.sampling import SamplingParams
 from sloserve.perf.linear import LinearPerfModel
-from sloserve.policies import make_policy
-from sloserve.policies.base import PolicyConfig
+from sloserve.policies import get_spec
+from sloserve.policies.sarathi import SarathiConfig
 from sloserve.request import Request
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -84,7 +84,7 @@ def test_recompute_after_preemption_continues_the_same_tokens(engine: TorchEngin
 def test_engine_serves_an_instance_running_the_sarathi_policy(engine: TorchEngine) -> None:
     """Chunked prefills mixed with decodes, as the scheduler plans them."""
     want = generate(engine, chunk=64)
-    inst = Instance("lp0", make_policy("sarathi", PolicyConfig(token_budget=16)),
+    inst = Instance("lp0", get_spec("sarathi").make("lp", SarathiConfig(token_budget=16)),
                     BlockManager(engine.num_blocks, engine.block_size), LinearPerfModel())
     for rid, prompt in PROMPTS.items():
         inst.add_request(Request(rid, 0.0, len(prompt), 6), now=0.0)

@@ -6,18 +6,21 @@ from sloserve.batch import BatchPlan
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
-from sloserve.policies import make_policy
-from sloserve.policies.accelgen import AccelGenPolicy, dynamic_token_budget, pivot_batch
+from sloserve.policies.accelgen import (
+    AccelGenConfig,
+    AccelGenPolicy,
+    dynamic_token_budget,
+    pivot_batch,
+)
 from sloserve.policies.accelgen_select import Demand, nearest_first
-from sloserve.policies.base import PolicyConfig
 from sloserve.request import SLO, Request
 
 PM = LinearPerfModel()
 
 
 def make(num_blocks: int = 1000, block_size: int = 16, **knobs: object) -> Instance:
-    cfg = PolicyConfig(**knobs)  # type: ignore[arg-type]
-    return Instance("i0", make_policy("accelgen", cfg), BlockManager(num_blocks, block_size), PM)
+    return Instance("i0", AccelGenPolicy(AccelGenConfig(**knobs)),  # type: ignore[arg-type]
+                    BlockManager(num_blocks, block_size), PM)
 
 
 def policy(inst: Instance) -> AccelGenPolicy:
@@ -199,10 +202,10 @@ def test_jct_request_carries_unused_wait_forward() -> None:
     assert clock.slack.carry > first.carry
 
 
-def test_bad_extra_knobs_raise_value_error() -> None:
+def test_bad_knobs_raise_value_error_naming_the_field() -> None:
     import pytest
 
     with pytest.raises(ValueError, match="gamma"):
-        make_policy("accelgen", PolicyConfig(extra={"gamma": -1.0}))
+        AccelGenConfig(gamma=-1.0)
     with pytest.raises(ValueError, match="min_token_budget"):
-        make_policy("accelgen", PolicyConfig(min_token_budget=100, max_token_budget=50))
+        AccelGenConfig(min_token_budget=100, max_token_budget=50)

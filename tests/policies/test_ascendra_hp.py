@@ -54,12 +54,12 @@ def test_elastic_admission_stops_when_reserved_decode_memory_would_be_exceeded()
     # 100 blocks of 16. Each request: 160-token prompt (10 blocks) + an expected
     # 320-token decode (20 blocks reserved). 3 fit (90 of 100), the 4th would not.
     knobs = {"hp_decode_len_prior": 320.0}
-    inst = hp(num_blocks=100, extra=knobs)
+    inst = hp(num_blocks=100, **knobs)
     for i in range(4):
         inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
     plan, _, _ = inst.schedule(0.0)
     assert [i.request_id for i in plan.items] == ["r0", "r1", "r2"]
-    inst = hp(num_blocks=100, extra={**knobs, "hp_elastic": 0.0})  # ablation: no reservation
+    inst = hp(num_blocks=100, **knobs, hp_elastic=False)  # ablation: no reservation
     for i in range(4):
         inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
     plan, _, _ = inst.schedule(0.0)

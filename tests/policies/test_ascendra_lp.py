@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import random
 
-from helpers import make_instance, req
+from helpers import make_instance, make_policy, req
 
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
-from sloserve.policies import make_policy
-from sloserve.policies.base import InstanceView, PolicyConfig
+from sloserve.policies.base import InstanceView
 
 # A slow, fixed model: 0.02 s + 1 ms per token. With a 256-token budget and no
 # decodes one LP iteration takes 0.276 s; the worst HP batch (1024 tokens) 1.044 s.
@@ -18,8 +17,8 @@ SLOW = LinearPerfModel(base=0.02, per_token=0.001, per_ctx=0.0)
 
 
 def slow_lp(**knobs: object) -> Instance:
-    cfg = PolicyConfig(**{"token_budget": 256, "hp_worst_batch_tokens": 1024, **knobs})  # type: ignore[arg-type]
-    return Instance("lp0", make_policy("ascendra-lp", cfg), BlockManager(1000, 16), SLOW)
+    knobs = {"token_budget": 256, "hp_worst_batch_tokens": 1024, **knobs}
+    return Instance("lp0", make_policy("ascendra-lp", **knobs), BlockManager(1000, 16), SLOW)
 
 
 def test_edf_admits_the_earliest_deadline_not_the_earliest_arrival() -> None:
@@ -46,7 +45,7 @@ def test_every_running_decode_is_piggybacked_before_any_prefill() -> None:
 
 def test_never_exceeds_the_token_budget() -> None:
     rng = random.Random(7)
-    inst = make_instance("ascendra-lp", num_blocks=4000, token_budget=128, max_num_seqs=16)
+    inst = make_instance("ascendra-lp", num_blocks=4000, token_budget=128, lp_max_num_seqs=16)
     for i in range(40):
         inst.add_request(req(f"r{i}", rng.randint(1, 600), output=rng.randint(1, 30),
                              arrival=0.0, ttft=rng.uniform(0.1, 3.0)), 0.0)
@@ -105,7 +104,7 @@ def test_never_offloads_a_started_prefill_even_when_decodes_leave_it_no_budget()
         kv.allocate(d.request_id, 16)
         decodes.append(d)
     queued = req("queued", 256, arrival=0.2, ttft=0.3)
-    policy = make_policy("ascendra-lp", PolicyConfig(token_budget=4, hp_worst_batch_tokens=1024))
+    policy = make_policy("ascendra-lp", token_budget=4, hp_worst_batch_tokens=1024)
     view = InstanceView("lp0", 0.3, [queued], [started, *decodes], kv, SLOW)
     plan = policy.schedule(view)
     assert sorted(i.request_id for i in plan.items) == ["d0", "d1", "d2", "d3"]

@@ -15,7 +15,7 @@ def test_ascendra_streams_end_to_end_and_offloads_to_hp(start_stack: Callable[..
     client = Client(stack.gateway)
     info = client.info()
     assert sorted(i["role"] for i in info["instances"]) == ["hp", "lp", "lp"]
-    assert info["policies"] == ["ascendra-hp", "ascendra-lp"]
+    assert info["policies"] == ["ascendra"]  # one policy, two roles
 
     def one(k: int) -> list[Chunk]:
         # a burst of long prompts with a tight TTFT SLO: the LP queues cannot meet it

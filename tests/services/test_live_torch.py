@@ -11,6 +11,7 @@ from typing import cast
 import redis
 
 from sloserve.client import Chunk, Client
+from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.perfmodel import samples
 from sloserve.services.stack import Stack
 
@@ -24,7 +25,7 @@ def test_torch_stack_streams_tokens_and_publishes_every_executed_batch(
     start_stack: Callable[..., Stack],
 ) -> None:
     stack = start_stack(policy="sarathi", backend="torch", model="tiny", gpu="cpu",
-                        num_blocks=256, token_budget=64)
+                        num_blocks=256, policy_config=SarathiConfig(token_budget=64))
     client = Client(stack.gateway)
     results: dict[str, list[Chunk]] = {}
 

@@ -69,8 +69,8 @@ def test_the_simulator_and_the_live_stack_make_the_same_decisions(
 
     stack = start_stack(
         policy="ascendra", instances=3, hp_instances=1, backend="sim", model="llama-3-8b",
-        gpu="a100", noise_cv=0.0, token_budget=512, max_num_seqs={"lp": 128, "hp": 256},
-        offload_threshold=1.0, clock="virtual", perf_model="roofline",
+        gpu="a100", noise_cv=0.0, tbt_slo=SCENARIO["tbt_slo"], clock="virtual",
+        perf_model="roofline",
         coefficients_wait=0.0, decision_dir=tmp_path)
     requests = [Request(r.request_id, r.arrival_time, r.prompt_len, r.output_len, slo=r.slo,
                         priority=r.priority) for r in sim.workload.requests]

@@ -53,15 +53,22 @@ def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
 def test_up_derives_policy_knobs_as_simulate_does_and_turns_offload_off_without_hp(
         tmp_path: Path) -> None:
     from sloserve.services.cli import build_parser
+    from sloserve.services.scheduler.main import build_parser as scheduler_parser
+    from sloserve.services.scheduler.main import policy_from_args
+    from sloserve.services.stack import Stack
     from sloserve.services.up_cmd import config_from_args
 
-    def cfg(*extra: str):  # type: ignore[no-untyped-def]
+    def lp0(*extra: str):  # type: ignore[no-untyped-def]
         args = build_parser().parse_args(["up", "--policy", "ascendra", "--log-dir",
                                           str(tmp_path), *extra])
-        return config_from_args(args)
+        stack = Stack(config_from_args(args))
+        stack.plan()
+        argv = stack.services["scheduler-lp0"].argv[3:]
+        return policy_from_args(scheduler_parser().parse_args(argv)).config
 
-    alone = cfg("--instances", "1")
-    split = cfg("--instances", "3", "--hp-instances", "1")
+    alone = lp0("--instances", "1")
+    split = lp0("--instances", "3", "--hp-instances", "1")
     assert alone.offload_threshold == 0.0  # no HP to offload to: an offload would be dropped
     assert split.offload_threshold > 0
-    assert split.max_num_seqs["lp"] == 128  # Ascendra §6.2, as in the simulator
+    assert split.lp_max_num_seqs == 128  # Ascendra §6.2, as in the simulator
+    assert split.token_budget == 512  # the default TBT SLO is strict, as in the simulator

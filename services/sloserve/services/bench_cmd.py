@@ -16,6 +16,7 @@ import sys
 import time
 from typing import Any
 
+from sloserve.defaults import TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.request import Request, RequestStatus
 
 
@@ -27,8 +28,8 @@ def add_parser(subparsers: Any) -> None:
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
     p.add_argument("--qps", type=float, required=True)
     p.add_argument("--num-requests", type=int, required=True)
-    p.add_argument("--ttft-slo", type=float, default=None, help="seconds (default 1.0)")
-    p.add_argument("--tbt-slo", type=float, default=None, help="seconds (default 0.15)")
+    p.add_argument("--ttft-slo", type=float, default=None, help=f"seconds (default {TTFT_SLO})")
+    p.add_argument("--tbt-slo", type=float, default=None, help=f"seconds (default {TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None)
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=float, default=1.0)
@@ -43,12 +44,10 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     from sloserve.sim.config import SimConfig
     from sloserve.sim.simulator import build_timing, build_workload
 
-    hetero = args.slo_mix == "hetero"
+    ttft, tbt = workload_slos(args.ttft_slo, args.tbt_slo, args.slo_mix)
     cfg = SimConfig(
         policy="sarathi", model=model, trace=args.trace, trace_file=args.trace_file,
-        qps=args.qps, num_requests=args.num_requests,
-        ttft_slo=args.ttft_slo if args.ttft_slo is not None else (None if hetero else 1.0),
-        tbt_slo=args.tbt_slo if args.tbt_slo is not None else (0.1875 if hetero else 0.15),
+        qps=args.qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, gpu=gpu,
     )
     cfg.validate()

@@ -12,7 +12,13 @@ from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
 from sloserve.plan.estimator import Efficiency, EstimatorConfig
 from sloserve.plan.optimizer import Scenario, SearchConfig, StrategyResult, plan_fast, rank
-from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, POLICIES, enumerate_strategies
+from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, enumerate_strategies
+from sloserve.policies import BASELINE, PolicyConfig, get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags, all_knobs, config_from_args, flag
+
+#: knobs the search itself sets on each strategy, and the flag that sweeps each
+SEARCHED = {"max_num_seqs": "--max-batch-sizes", "token_budget": "--token-budgets",
+            "max_num_batched_tokens": "the search config"}
 
 
 def _number(kind: type, minimum: float, strict: bool) -> Any:
@@ -51,9 +57,9 @@ def _efficiency(text: str) -> Efficiency:
 
 def _policies(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()]
-    bad = [n for n in names if n not in POLICIES]
+    bad = [n for n in names if n not in policy_names()]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"choose from {','.join(POLICIES)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"choose from {','.join(policy_names())}; got {text!r}")
     return names
 
 
@@ -92,12 +98,26 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--accurate-top", type=_number(int, 1, False), default=5,
                    help="accurate mode: collocated deployments re-evaluated")
     p.add_argument("--accurate-requests", type=_number(int, 1, False), default=200)
-    p.add_argument("--policies", type=_policies, default=list(POLICIES),
+    p.add_argument("--policies", type=_policies, default=policy_names(),
                    help="accurate mode: policies tried on each deployment")
     p.add_argument("--token-budgets", type=_int_list, default=[512, 2048],
                    help="accurate mode: sarathi token budgets tried")
     p.add_argument("--ground-truth", choices=("auto", "estimator"), default="auto",
                    help="accurate mode: real profile where one exists (auto) or the estimator")
+    add_policy_flags(p)
+
+
+def policy_configs(args: argparse.Namespace) -> dict[str, PolicyConfig]:
+    """Accurate mode: each of ``--policies`` with the knob flags it has. A knob the
+    search sets, or one no chosen policy has, is an error naming the flag."""
+    for name in all_knobs():
+        if getattr(args, name, None) is None:
+            continue
+        if name in SEARCHED:
+            raise ValueError(f"{flag(name)}: plan searches it ({SEARCHED[name]})")
+        if not any(name in get_spec(p).knobs() for p in args.policies):
+            raise ValueError(f"{flag(name)}: not a knob of any of --policies {args.policies}")
+    return {p: config_from_args(p, args, strict=False) for p in args.policies}
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -134,7 +154,7 @@ def _row(rank_: int, r: StrategyResult, fast: dict[tuple[str, int], float]) -> d
         "evaluated_by": r.mode, "simulations": r.evaluations,
     }
     key = (s.name, s.max_batch_size)
-    if r.mode == "accurate" and s.policy == "vllm" and key in fast:
+    if r.mode == "accurate" and s.policy == BASELINE and key in fast:
         row["fast_goodput_rps"] = round(fast[key], 4)
     return row
 
@@ -167,6 +187,7 @@ def _plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
+    configs = policy_configs(args)
     scenario = _scenario(args)
     defaults = EstimatorConfig()
     est_cfg = EstimatorConfig(prefill=args.prefill_eff or defaults.prefill,
@@ -185,7 +206,8 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "accurate":
         from sloserve.plan.accurate import AccurateEvaluator, plan_accurate
 
-        ev = AccurateEvaluator(scenario, config, args.accurate_requests, args.ground_truth)
+        ev = AccurateEvaluator(scenario, config, args.accurate_requests, args.ground_truth,
+                               configs)
         accurate = plan_accurate(results, ev, args.accurate_top, args.policies,
                                  args.token_budgets)
         timing = ", ".join(sorted({ev.timing_name(r.strategy.tp) for r in accurate}))

@@ -7,10 +7,11 @@ import json
 import sys
 from typing import Any
 
-from sloserve.policies.base import PolicyConfig
+from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
+from sloserve.policies import get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags
+from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.sim.config import SimConfig
-
-POLICIES = ("vllm", "sarathi", "ascendra", "accelgen")
 
 
 def _positive(kind: type) -> Any:
@@ -28,7 +29,7 @@ def _positive(kind: type) -> Any:
 
 def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     if not compare:
-        p.add_argument("--policy", required=True, choices=POLICIES)
+        p.add_argument("--policy", required=True, choices=policy_names())
     p.add_argument("--instances", type=_positive(int), default=3 if compare else 1)
     p.add_argument("--hp-instances", type=int, default=0,
                    help="Ascendra HP instances among --instances (2L1H: 3 and 1)")
@@ -39,25 +40,21 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
     p.add_argument("--num-requests", type=_positive(int), default=1000)
     p.add_argument("--ttft-slo", type=_positive(float), default=None,
-                   help="seconds (default 1.0; with --slo-mix hetero: scales group latency)")
+                   help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: scales group "
+                        "latency)")
     p.add_argument("--tbt-slo", type=_positive(float), default=None,
-                   help="seconds (default 0.15; with --slo-mix hetero: 0.1875)")
+                   help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,
                    help="per-request SLOs drawn as AccelGen §3/§6.1 do")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=_positive(float), default=1.0, help="gamma arrivals' CV")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=_positive(int), default=1)
-    p.add_argument("--token-budget", type=_positive(int), default=None,
-                   help="default: 512 under a strict TBT SLO (< 0.25 s), else 2048")
-    p.add_argument("--max-num-seqs", type=_positive(int), default=None)
-    p.add_argument("--value-function", choices=("edf", "sjf", "ljf", "fcfs"), default="edf")
-    p.add_argument("--offload-threshold", type=_positive(float), default=None)
-    p.add_argument("--drop-late", action="store_true", help="Ascendra §6.3: drop late requests")
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
     p.add_argument("--json", action="store_true")
+    add_policy_flags(p)
 
 
 def add_parser(sub: Any) -> None:
@@ -76,23 +73,17 @@ def add_parser(sub: Any) -> None:
     cmp.set_defaults(trace="sharegpt", policy="sarathi")
 
 
-def config_from_args(args: argparse.Namespace, qps: float = 1.0) -> SimConfig:
-    hetero = args.slo_mix == "hetero"
-    ttft = args.ttft_slo if args.ttft_slo is not None else (None if hetero else 1.0)
-    tbt = args.tbt_slo if args.tbt_slo is not None else (0.1875 if hetero else 0.15)
+def config_from_args(args: argparse.Namespace, qps: float = 1.0,
+                     strict: bool = True) -> SimConfig:
+    ttft, tbt = workload_slos(args.ttft_slo, args.tbt_slo, args.slo_mix)
     cfg = SimConfig(
         policy=args.policy, model=args.model, gpu=args.gpu, instances=args.instances,
         hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, tp=args.tp,
-        token_budget=args.token_budget, noise_cv=args.noise_cv,
-        timing_profile=args.timing_profile, max_num_seqs=args.max_num_seqs,
+        noise_cv=args.noise_cv, timing_profile=args.timing_profile,
+        policy_config=policy_config_from_args(args.policy, args, strict=strict),
     )
-    knobs: dict[str, Any] = {"token_budget": cfg.default_token_budget(),
-                             "value_function": args.value_function, "drop_late": args.drop_late}
-    if args.offload_threshold is not None:
-        knobs["offload_threshold"] = args.offload_threshold
-    cfg.policy_config = PolicyConfig(**knobs)
     cfg.validate()
     return cfg
 
@@ -129,16 +120,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    """Same seed, workload and GPUs for every policy; Ascendra splits them LP/HP."""
+    """Same seed, workload and GPUs for every policy; one with an HP role splits them
+    (``PolicySpec.default_hp``). A knob flag goes to the policies that have it."""
     from sloserve.sim.simulator import simulate
 
     rows, cfg = [], None
-    for policy in POLICIES:
+    for policy in policy_names():
+        spec = get_spec(policy)
         args.policy = policy
-        args.hp_instances = max(1, args.instances // 3) if policy == "ascendra" else 0
-        if policy == "ascendra" and args.instances < 2:
-            continue
-        cfg = config_from_args(args, args.qps)
+        args.hp_instances = spec.default_hp(args.instances)
+        if spec.has_role("hp") and args.hp_instances == 0:
+            continue  # too few instances to split
+        cfg = config_from_args(args, args.qps, strict=False)
         rows.append(simulate(cfg))
     assert cfg is not None
     if args.json:

@@ -14,9 +14,12 @@ import signal
 import subprocess
 import sys
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from sloserve.defaults import TBT_SLO, TTFT_SLO
+from sloserve.policies import PolicyConfig, get_spec, instance_roles
+from sloserve.policies.flags import config_to_argv
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
@@ -34,11 +37,9 @@ class StackConfig:
     gateway_port: int = 50051
     redis_url: str | None = None  # None: $REDIS_URL, else embedded
     prefix: str = ""  # "": sloserve:<random>, whose keys are deleted on stop
-    token_budget: int = 512
-    max_num_seqs: dict[str, int] = field(default_factory=lambda: {"lp": 256, "hp": 256})
-    offload_threshold: float = 1.0  # Ascendra LP; `sloserve up` sets 0 when there is no HP
-    ttft_slo: float | None = 1.0  # gateway defaults
-    tbt_slo: float | None = 0.15
+    policy_config: PolicyConfig | None = None  # None: the policy's defaults
+    ttft_slo: float | None = TTFT_SLO  # gateway defaults
+    tbt_slo: float | None = TBT_SLO
     seed: int = 0
     noise_cv: float = 0.03
     time_scale: float = 1.0
@@ -53,17 +54,19 @@ class StackConfig:
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
 
     def validate(self) -> None:
-        if self.instances < 1:
-            raise ValueError(f"instances: must be >= 1, got {self.instances}")
-        if not 0 <= self.hp_instances < self.instances:
-            raise ValueError(f"hp_instances: must be in [0, instances), got {self.hp_instances}")
-        if self.hp_instances and self.policy != "ascendra":
-            raise ValueError("hp_instances: only the ascendra policy has HP instances")
+        instance_roles(self.policy, self.instances, self.hp_instances)
+        cls = get_spec(self.policy).config_cls
+        if self.policy_config is not None and not isinstance(self.policy_config, cls):
+            raise ValueError(f"policy_config: policy {self.policy!r} takes a {cls.__name__}, "
+                             f"got a {type(self.policy_config).__name__}")
         if self.backend not in ("sim", "torch"):
             raise ValueError(f"backend: must be sim or torch, got {self.backend!r}")
 
-    def policy_name(self, role: str) -> str:
-        return f"ascendra-{role}" if self.policy == "ascendra" else self.policy
+    def resolved_policy_config(self) -> PolicyConfig:
+        """The config every scheduler gets, SLO-dependent defaults filled in as ``simulate``
+        fills them (the gateway's default TBT SLO stands for the workload's)."""
+        base = self.policy_config or get_spec(self.policy).config_cls()
+        return base.resolved(tbt_slo=self.tbt_slo, slo_mix=None)
 
 
 @dataclass(slots=True)
@@ -100,10 +103,9 @@ class Stack:
         self._add("perfmodel", self._module(
             "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
-        roles = ["lp"] * (c.instances - c.hp_instances) + ["hp"] * c.hp_instances
+        knobs = config_to_argv(c.resolved_policy_config())
         scheds = []
-        for k, role in enumerate(roles):
-            iid = f"{role}{k}"
+        for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = free_port(h), free_port(h)
             ex = ["--backend", c.backend, "--model", c.model, "--gpu", c.gpu,
                   "--seed", str(c.seed + k), "--noise-cv", str(c.noise_cv),
@@ -117,10 +119,8 @@ class Stack:
             ex += ["--clock", c.clock]
             self._add(f"executor-{iid}", self._module("executor", pe, *ex), f"{h}:{pe}", "executor")
             self._add(f"scheduler-{iid}", self._module(
-                "scheduler", ps, "--instance-id", iid, "--role", role,
-                "--policy", c.policy_name(role), "--token-budget", str(c.token_budget),
-                "--max-num-seqs", str(c.max_num_seqs[role]),
-                "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
+                "scheduler", ps, "--instance-id", iid, "--role", role, "--policy", c.policy,
+                "--num-hp", str(c.hp_instances), *knobs, "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model,
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")

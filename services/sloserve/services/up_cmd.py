@@ -15,6 +15,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from sloserve.defaults import TBT_SLO, TTFT_SLO
+from sloserve.policies import policy_names
+from sloserve.policies.flags import add_policy_flags
+from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services.stack import Stack, StackConfig
 
 SUPERVISE_S = 1.0
@@ -22,7 +26,7 @@ SUPERVISE_S = 1.0
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("up", help="start the live stack (gRPC services + Redis)")
-    p.add_argument("--policy", default="sarathi")
+    p.add_argument("--policy", default="sarathi", choices=policy_names())
     p.add_argument("--instances", type=int, default=1)
     p.add_argument("--hp-instances", type=int, default=0)
     p.add_argument("--backend", default="sim", choices=("sim", "torch"))
@@ -33,38 +37,30 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
-    p.add_argument("--ttft-slo", type=float, default=1.0, help="gateway default, s")
-    p.add_argument("--tbt-slo", type=float, default=0.15, help="gateway default, s")
-    p.add_argument("--token-budget", type=int, default=None,
-                   help="default: 512 under a strict TBT SLO (<0.25 s), else 2048 (as simulate)")
-    p.add_argument("--max-num-seqs", type=int, default=None)
+    p.add_argument("--ttft-slo", type=float, default=TTFT_SLO, help="gateway default, s")
+    p.add_argument("--tbt-slo", type=float, default=TBT_SLO,
+                   help="gateway default, s; picks the default token budget as simulate does")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
+    add_policy_flags(p)
 
 
 def config_from_args(args: argparse.Namespace) -> StackConfig:
-    """Policy knobs exactly as ``sloserve simulate`` derives them."""
-    from sloserve.sim.config import SimConfig
-    from sloserve.sim.simulator import policy_config
-
-    sim = SimConfig(policy=args.policy, model=args.model, gpu=args.gpu,
-                    instances=args.instances, hp_instances=args.hp_instances,
-                    ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None,
-                    token_budget=args.token_budget, max_num_seqs=args.max_num_seqs)
-    sim.validate()
-    lp, hp = policy_config(sim, "lp"), policy_config(sim, "hp")
+    """Policy knobs from the same generated flags as ``sloserve simulate``."""
+    policy_config = policy_config_from_args(args.policy, args)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sloserve-"))
-    return StackConfig(
+    cfg = StackConfig(
         policy=args.policy, instances=args.instances, hp_instances=args.hp_instances,
         backend=args.backend, model=args.model, gpu=args.gpu, weights=args.weights,
         host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
-        token_budget=lp.token_budget, max_num_seqs={"lp": lp.max_num_seqs, "hp": hp.max_num_seqs},
-        offload_threshold=lp.offload_threshold,
+        policy_config=policy_config,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir,
     )
+    cfg.validate()
+    return cfg
 
 
 def run(args: argparse.Namespace) -> int:

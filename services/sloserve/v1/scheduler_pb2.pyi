@@ -253,7 +253,7 @@ class SchedulerStatus(_message.Message):
     schedule_p99_s: _builtins.float
     coefficients_version: _builtins.int
     policy_config: _builtins.str
-    """the policy's typed config as JSON (every knob it runs with)"""
+    """the policy's config as a JSON object: every knob, resolved"""
     idle: _builtins.bool
     """the loop waits for a submission or cancel (nothing planned, nothing due)"""
     @_builtins.property

@@ -12,15 +12,17 @@ counterpart in the per-iteration simulator and stay fast-only.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
+from typing import Any
 
+from sloserve.defaults import STRICT_TOKEN_BUDGET
 from sloserve.perf.base import TimingSource
 from sloserve.perf.profiles import available_profiles
 from sloserve.plan.estimator import BestServeTiming, Estimator
 from sloserve.plan.optimizer import FastEvaluator, Scenario, SearchConfig, StrategyResult, evaluate
 from sloserve.plan.strategies import COLLOCATED, Strategy
-from sloserve.policies.base import PolicyConfig
+from sloserve.policies import PolicyConfig, get_spec
 
 
 def timing_source(scenario: Scenario, tp: int, config: SearchConfig,
@@ -37,15 +39,17 @@ def timing_source(scenario: Scenario, tp: int, config: SearchConfig,
 
 def policy_variants(base: Strategy, policies: Iterable[str],
                     token_budgets: Sequence[int] = (512, 2048)) -> list[Strategy]:
-    """Our policies as strategy dimensions on one collocated ``xm`` deployment: sarathi
-    once per token budget, ascendra with one of the ``m`` instances as HP (``m >= 2``)."""
+    """Our policies as strategy dimensions on one collocated ``xm`` deployment: once per
+    token budget where the policy sweeps it (sarathi), with one of the ``m`` instances
+    as HP where the policy has that role (ascendra, ``m >= 2``)."""
     if base.architecture != COLLOCATED:
         raise ValueError("strategy: policies apply to collocated strategies only")
     out: list[Strategy] = []
     for policy in policies:
-        if policy == "sarathi":
+        spec = get_spec(policy)
+        if "token_budget" in spec.sweep:
             out += [replace(base, policy=policy, token_budget=b) for b in token_budgets]
-        elif policy == "ascendra":
+        elif spec.has_role("hp"):
             if base.instances >= 2:
                 out.append(replace(base, policy=policy, hp_instances=1))
         else:
@@ -57,13 +61,15 @@ class AccurateEvaluator:
     """``p90(strategy, λ)`` from ``sloserve.sim.simulate`` (P90 TTFT, P90 per-request mean TBT)."""
 
     def __init__(self, scenario: Scenario, config: SearchConfig | None = None,
-                 num_requests: int = 200, ground_truth: str = "auto") -> None:
+                 num_requests: int = 200, ground_truth: str = "auto",
+                 policy_configs: Mapping[str, PolicyConfig] | None = None) -> None:
         if num_requests < 1:
             raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
         self.scenario = scenario
         self.config = config or SearchConfig()
         self.num_requests = num_requests
         self.ground_truth = ground_truth
+        self.policy_configs = dict(policy_configs or {})  # policy name -> its other knobs
         self.fast = FastEvaluator(scenario, self.config)
         self._timing: dict[int, TimingSource | None] = {}
 
@@ -83,7 +89,6 @@ class AccurateEvaluator:
             raise ValueError(f"strategy: {strategy.name} is disaggregated; the per-iteration "
                              "simulator has no prefill/decode split, use the fast mode")
         sc = self.scenario
-        budget = strategy.token_budget or PolicyConfig().token_budget
         cfg = SimConfig(
             policy=strategy.policy, model=sc.model.name, gpu=sc.hw.name,
             instances=strategy.instances, hp_instances=strategy.hp_instances, tp=strategy.tp,
@@ -91,13 +96,25 @@ class AccurateEvaluator:
             fixed_lengths=sc.fixed_lengths, qps=lam, num_requests=self.num_requests,
             ttft_slo=sc.ttft_slo, tbt_slo=sc.tpot_slo, seed=sc.seed,
             timing=self.timing(strategy.tp),
-            policy_config=PolicyConfig(token_budget=budget, max_num_seqs=strategy.max_batch_size,
-                                       max_num_batched_tokens=self.config.max_batch_tokens),
+            policy_config=self.policy_config(strategy),
         )
         out = simulate(cfg)
         ttft, tpot = out.get("ttft_p90"), out.get("mean_tbt_p90")
         return (float("inf") if ttft is None else float(ttft),
                 float("inf") if tpot is None else float(tpot))
+
+    def policy_config(self, strategy: Strategy) -> PolicyConfig:
+        """The policy's config (``policy_configs``, else its defaults) with the strategy's
+        batch limits as the knobs it has (the token budget 512 unless the strategy names one)."""
+        spec = get_spec(strategy.policy)
+        base = self.policy_configs.get(strategy.policy) or spec.config_cls()
+        names = spec.knobs()
+        knobs: dict[str, Any] = {"max_num_seqs": strategy.max_batch_size}
+        if "token_budget" in names:
+            knobs["token_budget"] = strategy.token_budget or STRICT_TOKEN_BUDGET
+        if "max_num_batched_tokens" in names:
+            knobs["max_num_batched_tokens"] = self.config.max_batch_tokens
+        return replace(base, **knobs)
 
     def evaluate(self, strategy: Strategy) -> StrategyResult:
         return evaluate(strategy, self.p90, self.fast.t_min(strategy), self.scenario,

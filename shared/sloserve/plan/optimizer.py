@@ -26,6 +26,7 @@ from sloserve.plan.fast_sim import (
     simulate_disaggregated,
 )
 from sloserve.plan.strategies import DISAGGREGATED, Strategy, kv_slots
+from sloserve.policies import BASELINE
 
 RELAXATION = 0.1  # Algorithm 9's τ
 LAMBDA_LO = 0.1  # Algorithm 8's pessimistic start, requests/s
@@ -193,7 +194,7 @@ class FastEvaluator:
                                          strategy.decode_instances, strategy.max_batch_size,
                                          self.slots(strategy), cfg.max_batch_tokens, rng, cfg.tau)
         else:
-            if strategy.policy != "vllm":
+            if strategy.policy != BASELINE:
                 raise ValueError(f"policy: the fast mode simulates vllm collocation only, not "
                                  f"{strategy.policy!r}; use the accurate mode")
             lat = simulate_collocated(est, reqs, strategy.instances, strategy.max_batch_size,

@@ -8,11 +8,11 @@ from dataclasses import dataclass
 
 from sloserve.perf.hardware import Hardware
 from sloserve.perf.models import ModelShape
+from sloserve.policies import BASELINE, instance_roles, policy_names
 
 COLLOCATED = "collocated"
 DISAGGREGATED = "disaggregated"
-#: Policies the accurate mode can run on a collocated strategy (``sloserve.policies``).
-POLICIES = ("vllm", "sarathi", "ascendra", "accelgen")
+DISAGG = "disagg"  # the policy name of BestServe's disaggregated simulator (not a registry one)
 GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default share of device memory for weights + KV
 
 
@@ -26,7 +26,7 @@ class Strategy:
     tp: int
     max_batch_size: int
     decode_instances: int = 0
-    policy: str = "vllm"
+    policy: str = BASELINE
     token_budget: int | None = None  # sarathi / accelgen chunk budget
     hp_instances: int = 0  # ascendra: how many of ``instances`` are HP
 
@@ -38,13 +38,14 @@ class Strategy:
             raise ValueError("strategy: instances, tp and max_batch_size must be >= 1")
         if (self.architecture == DISAGGREGATED) != (self.decode_instances >= 1):
             raise ValueError("decode_instances: >= 1 exactly for a disaggregated strategy")
-        if self.architecture == DISAGGREGATED and self.policy != "disagg":
-            raise ValueError("policy: a disaggregated strategy runs the 'disagg' simulator")
-        if self.architecture == COLLOCATED and self.policy not in POLICIES:
-            raise ValueError(f"policy: must be one of {POLICIES}, got {self.policy!r}")
-        if not 0 <= self.hp_instances < self.instances or (self.hp_instances
-                                                           and self.policy != "ascendra"):
-            raise ValueError("hp_instances: only ascendra has them, fewer than instances")
+        if self.architecture == DISAGGREGATED and self.policy != DISAGG:
+            raise ValueError(f"policy: a disaggregated strategy runs the {DISAGG!r} simulator")
+        if self.architecture == COLLOCATED:
+            if self.policy not in policy_names():
+                raise ValueError(f"policy: must be one of {policy_names()}, got {self.policy!r}")
+            instance_roles(self.policy, self.instances, self.hp_instances)
+        elif self.hp_instances:
+            raise ValueError("hp_instances: a disaggregated strategy has none")
 
     @property
     def gpus(self) -> int:
@@ -56,7 +57,7 @@ class Strategy:
         if self.architecture == DISAGGREGATED:
             return f"{self.instances}p{self.decode_instances}d-tp{self.tp}"
         base = f"{self.instances}m-tp{self.tp}"
-        if self.policy == "vllm":
+        if self.policy == BASELINE:
             return base
         suffix = self.policy + (str(self.token_budget) if self.token_budget else "")
         if self.hp_instances:
@@ -97,6 +98,6 @@ def enumerate_strategies(model: ModelShape, hw: Hardware, gpus: int, context: in
             if COLLOCATED in archs:
                 out += [Strategy(COLLOCATED, m, t, b) for m in range(1, n + 1)]
             if DISAGGREGATED in archs:
-                out += [Strategy(DISAGGREGATED, y, t, b, decode_instances=z, policy="disagg")
+                out += [Strategy(DISAGGREGATED, y, t, b, decode_instances=z, policy=DISAGG)
                         for y in range(1, n) for z in range(1, n - y + 1)]
     return out

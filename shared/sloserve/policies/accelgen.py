@@ -16,20 +16,27 @@ Each iteration:
 At most one long prompt (``prompt_len >= long_prompt_threshold``) is in prefill
 at a time (ERA, §4.2). JCT SLOs become per-iteration waiting allowances (``slo``).
 
-Config used: ``token_budget`` (S_pf), ``min_token_budget``, ``max_token_budget``,
-``long_prompt_threshold``, ``max_num_seqs``; ``extra``: ``gamma`` (s, default
-0.75, §6.1), ``select_window`` (waiting requests examined per iteration, 64),
-``jct_preempt_max`` (P_max, s, 0), ``jct_preempt_prob`` (P, 0).
+Config: ``AccelGenConfig`` (``token_budget`` as S_pf, ``min_token_budget``,
+``max_token_budget``, ``long_prompt_threshold``, ``max_num_seqs``, ``gamma``,
+``select_window``, ``jct_preempt_max``, ``jct_preempt_prob``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan, BatchShape
-from sloserve.policies import register
 from sloserve.policies.accelgen_select import Demand, Entry, RemainingTimeQueue, nearest_first
-from sloserve.policies.base import BatchBuilder, InstanceView, Policy, PolicyConfig, can_admit
+from sloserve.policies.base import (
+    BatchBuilder,
+    BudgetConfig,
+    InstanceView,
+    Policy,
+    PolicyConfig,
+    can_admit,
+    knob,
+)
 from sloserve.request import Request
 from sloserve.slo import JctClock, JctSlack, iteration_slo, jct_allowed_wait, remaining_time
 
@@ -51,35 +58,48 @@ def pivot_batch(s_pf: int, decodes: Sequence[Request]) -> BatchShape:
     return BatchShape(prefills=((rest, 0),) if rest > 0 else (), decodes=ctx)
 
 
-@register
+@dataclass(frozen=True, slots=True)
+class AccelGenConfig(BudgetConfig):
+    """AccelGen's knobs (§4.2-§4.4, §6.1)."""
+
+    token_budget: int | None = knob(
+        None, "AccelGen: pivot forward size S_pf of Eq. 6 (default: the Sarathi rule, 512 "
+        "under a strict TBT SLO, else 2048)", min=1)
+    min_token_budget: int = knob(32, "floor of the dynamic token budget S_b (§4.2)", min=1)
+    max_token_budget: int = knob(4096, "ceiling of the dynamic token budget S_b (§4.2)", min=1)
+    long_prompt_threshold: int = knob(
+        2048, "prompts at least this long are long: one at a time in prefill (ERA, §4.2)", min=1)
+    gamma: float = knob(0.75, "SelectRequests window: remaining time within T_r^1 + gamma, s "
+                        "(§4.4, §6.1)", min=0.0)
+    select_window: int = knob(64, "waiting requests SelectRequests examines per iteration",
+                              min=1)
+    jct_preempt_max: float = knob(0.0, "JCT slack: the P_max preemption allowance, s (§4.3)",
+                                  min=0.0)
+    jct_preempt_prob: float = knob(0.0, "JCT slack: the preemption probability P (§4.3)",
+                                   min=0.0, max=1.0)
+
+    def check(self) -> None:
+        if self.min_token_budget > self.max_token_budget:
+            raise ValueError(f"min_token_budget: must be <= max_token_budget "
+                             f"({self.max_token_budget}), got {self.min_token_budget}")
+
+
 class AccelGenPolicy(Policy):
     name = "accelgen"
+    config_cls = AccelGenConfig
+    config: AccelGenConfig
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
-        cfg, extra = self.config, self.config.extra
-        if not 1 <= cfg.min_token_budget <= cfg.max_token_budget:
-            raise ValueError(
-                f"min_token_budget/max_token_budget: need 1 <= min <= max, "
-                f"got {cfg.min_token_budget}, {cfg.max_token_budget}"
-            )
-        self.gamma = float(extra.get("gamma", 0.75))
-        self.select_window = int(extra.get("select_window", 64))
-        self.preempt_max = float(extra.get("jct_preempt_max", 0.0))
-        self.preempt_prob = float(extra.get("jct_preempt_prob", 0.0))
-        if self.gamma < 0 or self.select_window < 1:
-            raise ValueError(
-                f"extra: need gamma >= 0 and select_window >= 1, "
-                f"got {self.gamma}, {self.select_window}"
-            )
-        if self.preempt_max < 0 or not 0 <= self.preempt_prob <= 1:
-            raise ValueError(
-                f"extra: need jct_preempt_max >= 0 and 0 <= jct_preempt_prob <= 1, "
-                f"got {self.preempt_max}, {self.preempt_prob}"
-            )
+        cfg = self.config
+        self.gamma = cfg.gamma
+        self.select_window = cfg.select_window
+        self.preempt_max = cfg.jct_preempt_max
+        self.preempt_prob = cfg.jct_preempt_prob
+        self.s_pf = cfg.budget  # the pivot forward size S_pf
         self.queue = RemainingTimeQueue()
         self.jct: dict[str, JctClock] = {}
-        self.token_budget = cfg.token_budget  # S_b of the latest iteration
+        self.token_budget = self.s_pf  # S_b of the latest iteration
         self.t_max = 0.0  # predicted time of a full S_b batch, latest iteration
         self._long_busy = False  # a long prompt is in prefill (ERA), this iteration
         self._popped: list[Entry] = []  # waiting entries taken from the queue, this iteration
@@ -120,7 +140,7 @@ class AccelGenPolicy(Policy):
         if head is not None and (s := iteration_slo(head.req)) is not None:
             slos.append(s)
         decodes = [r for r in view.running if r.is_decode]
-        s_pf = cfg.token_budget
+        s_pf = self.s_pf
         t_pf = view.perf_model.predict(pivot_batch(s_pf, decodes))
         s_b = dynamic_token_budget(
             s_pf, min(slos, default=None), t_pf, cfg.min_token_budget, cfg.max_token_budget

@@ -1,14 +1,41 @@
-"""Ascendra (Ikram et al., 2025): LP and HP instance policies, registered on import.
+"""Ascendra (Ikram et al., 2025): one policy, two instance roles, one config.
 
-``ascendra-lp`` (§5: value-function order, piggybacked decodes, offloading)
-lives in ``ascendra_lp``; ``ascendra-hp`` (§6: prefill-first FCFS, elastic
-batch) in ``ascendra_hp``; the controller that routes between them is
-``sloserve.router``. Both drop late requests when ``drop_late`` (§6.3).
+The ``lp`` role (§5: value-function order, piggybacked decodes, offloading)
+is ``ascendra_lp.AscendraLPPolicy``; the ``hp`` role (§6: prefill-first FCFS,
+elastic batch) is ``ascendra_hp.AscendraHPPolicy``; the controller that
+routes between them is ``sloserve.controller``. Both read ``AscendraConfig``.
 """
 
 from __future__ import annotations
 
-from sloserve.policies.ascendra_hp import AscendraHPPolicy
-from sloserve.policies.ascendra_lp import AscendraLPPolicy
+from dataclasses import dataclass, replace
 
-__all__ = ["AscendraHPPolicy", "AscendraLPPolicy"]
+from sloserve.policies.base import BudgetConfig, knob
+from sloserve.policies.value_functions import VALUE_FUNCTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class AscendraConfig(BudgetConfig):
+    """Knobs of both roles; ``token_budget`` is the LP's (HP batches by prompt, §6)."""
+
+    max_num_seqs: int = knob(
+        256, "HP batch cap, only with --no-hp-elastic (the §8.5 ablation)", min=1)
+    lp_max_num_seqs: int = knob(128, "LP batch size (§6.2: 128)", min=1)
+    value_function: str = knob(
+        "edf", "LP waiting-queue order (§5.2)", choices=tuple(VALUE_FUNCTIONS))
+    offload_threshold: float = knob(
+        1.0, "LP offloads a request when its TTFT slack <= this x the worst-case HP batch "
+        "time (§5.3; 0: never)", min=0.0)
+    hp_worst_batch_tokens: int = knob(
+        2048, "tokens in the worst-case HP prefill batch (§5.3); also HP's prefill cap", min=1)
+    drop_late: bool = knob(False, "drop waiting requests already past their TTFT SLO (§6.3)")
+    hp_elastic: bool = knob(True, "HP elastic batch: admit while KV minus the expected decode "
+                            "growth allows (§6.2); off: --max-num-seqs caps it")
+    hp_decode_len_prior: float = knob(
+        0.0, "HP's expected output length before any request finished there (§6.2)", min=0.0)
+
+    def for_role(self, role: str, *, num_hp: int) -> AscendraConfig:
+        """With no HP instance an LP has nowhere to offload to: offloading is off."""
+        if role == "lp" and num_hp == 0 and self.offload_threshold != 0.0:
+            return replace(self, offload_threshold=0.0)
+        return self

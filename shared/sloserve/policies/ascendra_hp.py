@@ -12,16 +12,16 @@
   are expected to still need for their decodes. Expected output length is
   the running mean of the output lengths of requests that finished on this
   instance (the "decoding length history"), capped by each request's
-  ``max_tokens``; before any has finished it is ``extra["hp_decode_len_prior"]``
+  ``max_tokens``; before any has finished it is ``hp_decode_len_prior``
   (default 0: nothing reserved). If nothing runs, the head is admitted
   whenever its prompt fits, so the instance never idles on a reservation.
-  ``extra["hp_elastic"] = 0`` turns this off for the §8.5 ablation: then
+  ``hp_elastic = False`` turns this off for the §8.5 ablation: then
   ``max_num_seqs`` caps running requests and nothing is reserved.
 * ``drop_late`` (§6.3) drops waiting requests already past their TTFT SLO.
 * An HP instance never offloads.
 
-Config used: ``hp_worst_batch_tokens``, ``drop_late``, ``max_num_seqs`` (only
-with ``hp_elastic = 0``), ``extra["hp_elastic"]``, ``extra["hp_decode_len_prior"]``.
+Config (``AscendraConfig``) used: ``hp_worst_batch_tokens``, ``drop_late``,
+``max_num_seqs`` (only with ``hp_elastic = False``), ``hp_elastic``, ``hp_decode_len_prior``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import math
 
 from sloserve.batch import BatchPlan
 from sloserve.kv import BlockManager
-from sloserve.policies import register
+from sloserve.policies.ascendra import AscendraConfig
 from sloserve.policies.ascendra_lp import late_requests
 from sloserve.policies.base import (
     BatchBuilder,
@@ -43,19 +43,15 @@ from sloserve.policies.base import (
 from sloserve.request import Request, RequestStatus
 
 
-@register
 class AscendraHPPolicy(Policy):
     name = "ascendra-hp"
+    config_cls = AscendraConfig
+    config: AscendraConfig
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
-        extra = self.config.extra
-        self.elastic = extra.get("hp_elastic", 1.0) != 0
-        self.decode_len_prior = extra.get("hp_decode_len_prior", 0.0)
-        if self.decode_len_prior < 0:
-            raise ValueError(
-                f"extra['hp_decode_len_prior']: must be >= 0, got {self.decode_len_prior}"
-            )
+        self.elastic = self.config.hp_elastic
+        self.decode_len_prior = self.config.hp_decode_len_prior
         self._num_finished = 0
         self._sum_output = 0
         self._in_batch: list[Request] = []

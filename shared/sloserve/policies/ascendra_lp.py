@@ -1,6 +1,6 @@
 """Ascendra's low-priority (LP) instance (§5): throughput tier with proactive offloading.
 
-Each iteration, Sarathi-style under ``token_budget`` and ``max_num_seqs``
+Each iteration, Sarathi-style under ``token_budget`` and ``lp_max_num_seqs``
 (the paper's LP batch size, 128):
 
 1. §6.3 (``drop_late``): waiting requests already past their TTFT deadline
@@ -36,8 +36,8 @@ Cost per iteration: one sort of the waiting queue plus O(waiting) arithmetic
 and two ``predict`` calls (one more per waiting prompt longer than
 ``hp_worst_batch_tokens`` that is projected to miss).
 
-Config used: ``token_budget``, ``max_num_seqs``, ``value_function``,
-``offload_threshold``, ``hp_worst_batch_tokens``, ``drop_late``.
+Config (``AscendraConfig``) used: ``token_budget``, ``lp_max_num_seqs``,
+``value_function``, ``offload_threshold``, ``hp_worst_batch_tokens``, ``drop_late``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from collections.abc import Sequence
 
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.perf.base import PerfModel
-from sloserve.policies import register
+from sloserve.policies.ascendra import AscendraConfig
 from sloserve.policies.base import (
     BatchBuilder,
     InstanceView,
@@ -80,17 +80,19 @@ def worst_hp_time(perf_model: PerfModel, num_tokens: int, hp_worst_batch_tokens:
     return perf_model.predict(BatchShape(prefills=((n, 0),)))
 
 
-@register
 class AscendraLPPolicy(Policy):
     name = "ascendra-lp"
+    config_cls = AscendraConfig
+    config: AscendraConfig
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
         self.value_function = get_value_function(self.config.value_function)
+        self.token_budget = self.config.budget
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
-        b = BatchBuilder(view, cfg.token_budget, cfg.max_num_seqs)
+        b = BatchBuilder(view, self.token_budget, cfg.lp_max_num_seqs)
         waiting: Sequence[Request] = view.waiting
         if cfg.drop_late:
             late = late_requests(view)
@@ -128,7 +130,7 @@ class AscendraLPPolicy(Policy):
         """§5.3: offload the requests projected to miss TTFT here and too close to stay."""
         cfg, view = self.config, b.view
         now, model = view.now, view.perf_model
-        per_iter = max(cfg.token_budget - len(decodes), 1)
+        per_iter = max(self.token_budget - len(decodes), 1)
         t_iter = model.predict(
             BatchShape(prefills=((per_iter, 0),), decodes=tuple(r.num_computed for r in decodes))
         )

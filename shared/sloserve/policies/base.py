@@ -6,12 +6,16 @@ their ``_get_next_batch``; ``on_batch_end`` runs after each iteration.
 
 from __future__ import annotations
 
+import math
+import types
+import typing
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from dataclasses import Field, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sloserve.batch import BatchPlan, ScheduledItem
+from sloserve.defaults import TBT_SLO, default_token_budget
 from sloserve.request import Request
 
 if TYPE_CHECKING:
@@ -19,30 +23,111 @@ if TYPE_CHECKING:
     from sloserve.perf.base import PerfModel
 
 
-@dataclass(slots=True)
-class PolicyConfig:
-    """Every knob any policy reads; each policy documents which ones it uses."""
+C = TypeVar("C", bound="PolicyConfig")
+B = TypeVar("B", bound="BudgetConfig")
+_HINTS: dict[type, dict[str, Any]] = {}
 
-    token_budget: int = 512  # Sarathi chunk/token budget per iteration
-    max_num_seqs: int = 256  # vLLM max batch size (Ascendra LP uses 128)
-    max_num_batched_tokens: int = 8192  # vLLM prefill token cap per iteration
-    value_function: str = "edf"  # Ascendra LP ordering: edf | sjf | ljf | fcfs
-    offload_threshold: float = 1.0  # Ascendra: offload when now + margin*worst_hp >= deadline
-    hp_worst_batch_tokens: int = 2048  # Ascendra: tokens in the worst-case HP batch
-    drop_late: bool = False  # Ascendra §6.3: drop requests already past their TTFT SLO
-    long_prompt_threshold: int = 2048  # AccelGen ERA: prompts at least this long are "long"
-    min_token_budget: int = 32  # AccelGen: floor of the dynamic budget
-    max_token_budget: int = 4096  # AccelGen: ceiling of the dynamic budget
-    extra: dict[str, float] = field(default_factory=dict)
+
+def knob(default: Any, help: str, *, min: float | None = None, max: float | None = None,
+         choices: Sequence[str] = ()) -> Any:
+    """A policy config field: its default, its ``--flag`` help, and the rule it is checked by."""
+    meta: dict[str, Any] = {"help": help}
+    if min is not None:
+        meta["min"] = min
+    if max is not None:
+        meta["max"] = max
+    if choices:
+        meta["choices"] = tuple(choices)
+    return field(default=default, metadata=meta)
+
+
+def knob_types(cls: type[PolicyConfig]) -> dict[str, Any]:
+    """Each knob's annotation, evaluated (``int``, ``float``, ``bool``, ``str``, ``int | None``)."""
+    hints = _HINTS.get(cls)
+    if hints is None:
+        hints = _HINTS[cls] = typing.get_type_hints(cls)
+    return hints
+
+
+def _check_knob(f: Field[Any], value: Any, hint: Any) -> Any:
+    """``value`` if it is valid for knob ``f`` (an int given for a float knob becomes a float);
+    else ``ValueError`` naming the field."""
+    name = f.name
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None:
+        if type(None) not in kinds:
+            raise ValueError(f"{name}: must be set, got None")
+        return value
+    ok = (
+        (bool in kinds and isinstance(value, bool))
+        or (int in kinds and isinstance(value, int) and not isinstance(value, bool))
+        or (float in kinds and isinstance(value, (int, float)) and not isinstance(value, bool))
+        or (str in kinds and isinstance(value, str))
+    )
+    if not ok:
+        want = " or ".join(k.__name__ for k in kinds if k is not type(None))
+        raise ValueError(f"{name}: must be {want}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value}")
+    meta = f.metadata
+    if "choices" in meta and value not in meta["choices"]:
+        raise ValueError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise ValueError(f"{name}: must be >= {meta['min']}, got {value}")
+    if "max" in meta and value > meta["max"]:
+        raise ValueError(f"{name}: must be <= {meta['max']}, got {value}")
+    if float in kinds and int not in kinds and not isinstance(value, float):
+        return float(value)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """What every policy shares. Each policy declares a subclass next to it with its own
+    knobs (``knob``: default, help, rule); a bad value raises ``ValueError`` naming the field."""
+
+    max_num_seqs: int = knob(256, "most sequences in one batch (vLLM's max_num_seqs)", min=1)
 
     def __post_init__(self) -> None:
-        for name in ("token_budget", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.value_function not in ("edf", "sjf", "ljf", "fcfs"):
-            raise ValueError(
-                f"value_function: must be one of edf, sjf, ljf, fcfs; got {self.value_function!r}"
-            )
+        hints = knob_types(type(self))
+        for f in fields(self):
+            value = getattr(self, f.name)
+            checked = _check_knob(f, value, hints[f.name])
+            if checked is not value:
+                object.__setattr__(self, f.name, checked)  # frozen: the one normalisation
+        self.check()
+
+    def check(self) -> None:
+        """Rules across fields (per-field ones are declared with ``knob``)."""
+
+    def resolved(self: C, *, tbt_slo: float | None = TBT_SLO, slo_mix: str | None = None) -> C:
+        """This config with every workload-dependent default (``None``) filled in."""
+        return self
+
+    def for_role(self: C, role: str, *, num_hp: int) -> C:
+        """The config one instance of ``role`` runs, in a deployment with ``num_hp`` HP ones."""
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetConfig(PolicyConfig):
+    """A policy that fills a per-iteration token budget (Sarathi-Serve §4-§5 and its heirs)."""
+
+    token_budget: int | None = knob(
+        None, "tokens per iteration (default: 512 under a strict TBT SLO, < 0.25 s, else 2048; "
+        "Sarathi-Serve §5)", min=1)
+
+    def resolved(self: B, *, tbt_slo: float | None = TBT_SLO, slo_mix: str | None = None) -> B:
+        if self.token_budget is not None:
+            return self
+        return replace(self, token_budget=default_token_budget(tbt_slo, slo_mix))
+
+    @property
+    def budget(self) -> int:
+        """``token_budget``, or the default rule's under the default TBT SLO when unset."""
+        if self.token_budget is not None:
+            return self.token_budget
+        return default_token_budget(TBT_SLO, None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,12 +301,17 @@ def can_admit(b: BatchBuilder, req: Request, num_tokens: int, watermark: float =
 
 
 class Policy(ABC):
-    """A scheduling policy: one per file, registered by ``name``."""
+    """A scheduling policy: one per file, reached through its ``PolicySpec`` (registry)."""
 
     name: ClassVar[str]
+    config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
-        self.config = config or PolicyConfig()
+        cfg = self.config_cls() if config is None else config
+        if not isinstance(cfg, self.config_cls):
+            raise ValueError(f"config: {type(self).__name__} takes a {self.config_cls.__name__}, "
+                             f"got a {type(cfg).__name__}")
+        self.config = cfg
 
     def on_arrival(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """Called when ``req`` joins this instance (new, offloaded in, or restored)."""

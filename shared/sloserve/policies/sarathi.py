@@ -6,23 +6,42 @@ Each iteration fills a fixed ``token_budget`` in this order (Algorithm 2):
 3. new requests are admitted FCFS while budget, sequence slots and KV remain.
 The budget comes from the TBT SLO: 512 for strict, 2048 for relaxed (§5).
 
-Config used: ``token_budget``, ``max_num_seqs``.
+Config: ``SarathiConfig`` (``token_budget``, ``max_num_seqs``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sloserve.batch import BatchPlan
-from sloserve.policies import register
-from sloserve.policies.base import BatchBuilder, InstanceView, Policy, add_decodes, can_admit
+from sloserve.policies.base import (
+    BatchBuilder,
+    BudgetConfig,
+    InstanceView,
+    Policy,
+    PolicyConfig,
+    add_decodes,
+    can_admit,
+)
 from sloserve.request import Request
 
 
-@register
+@dataclass(frozen=True, slots=True)
+class SarathiConfig(BudgetConfig):
+    """Sarathi-Serve's knobs: the token budget (§4.3, §5) and the batch's sequence cap."""
+
+
 class SarathiPolicy(Policy):
     name = "sarathi"
+    config_cls = SarathiConfig
+    config: SarathiConfig
+
+    def __init__(self, config: PolicyConfig | None = None) -> None:
+        super().__init__(config)
+        self.token_budget = self.config.budget
 
     def schedule(self, view: InstanceView) -> BatchPlan:
-        b = BatchBuilder(view, self.config.token_budget, self.config.max_num_seqs)
+        b = BatchBuilder(view, self.token_budget, self.config.max_num_seqs)
         decodes: list[Request] = []
         prefills: list[Request] = []
         for r in view.running:

@@ -5,19 +5,36 @@ iteration is prefill-only, with whole prompts up to ``max_num_batched_tokens``
 and ``max_num_seqs``; otherwise it is decode-only over every running request.
 No mixed batches, no chunking. KV exhaustion preempts by recompute.
 
-Config used: ``max_num_seqs``, ``max_num_batched_tokens``.
+Config: ``VllmConfig`` (``max_num_seqs``, ``max_num_batched_tokens``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sloserve.batch import BatchPlan
-from sloserve.policies import register
-from sloserve.policies.base import BatchBuilder, InstanceView, Policy, add_decodes, can_admit
+from sloserve.policies.base import (
+    BatchBuilder,
+    InstanceView,
+    Policy,
+    PolicyConfig,
+    add_decodes,
+    can_admit,
+    knob,
+)
 
 
-@register
+@dataclass(frozen=True, slots=True)
+class VllmConfig(PolicyConfig):
+    """vLLM V0 ``SchedulerConfig``'s two batch limits (its defaults)."""
+
+    max_num_batched_tokens: int = knob(8192, "prefill tokens per iteration (vLLM's cap)", min=1)
+
+
 class VllmPolicy(Policy):
     name = "vllm"
+    config_cls = VllmConfig
+    config: VllmConfig
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config

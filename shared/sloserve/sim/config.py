@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
-
-STRICT_TBT_SLO = 0.25  # seconds; below this Sarathi's strict budget (512) is the default
+from sloserve.policies.registry import get_spec, instance_roles
 
 
 @dataclass(slots=True)
@@ -22,8 +22,8 @@ class SimConfig:
     fixed_lengths: tuple[int, int] | None = None  # (prompt_len, output_len) for every request
     qps: float = 1.0
     num_requests: int = 1000
-    ttft_slo: float | None = 1.0
-    tbt_slo: float | None = 0.15
+    ttft_slo: float | None = TTFT_SLO
+    tbt_slo: float | None = TBT_SLO
     slo_mix: str | None = None
     arrival: str = "poisson"  # poisson | gamma | trace
     cv: float = 1.0  # gamma arrivals' coefficient of variation
@@ -32,9 +32,7 @@ class SimConfig:
     block_size: int = 16
     num_blocks: int | None = None  # KV capacity; default from GPU memory
     noise_cv: float = 0.03  # run-to-run noise of the ground truth
-    policy_config: PolicyConfig | None = None
-    max_num_seqs: int | None = None  # None: policy default (Ascendra LP: 128, §6.2)
-    token_budget: int | None = None  # None: 512 for a strict TBT SLO, 2048 for a relaxed one
+    policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
@@ -42,16 +40,11 @@ class SimConfig:
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
 
     def validate(self) -> None:
-        if self.instances < 1:
-            raise ValueError(f"instances: must be >= 1, got {self.instances}")
-        if not 0 <= self.hp_instances < self.instances:
-            raise ValueError(
-                f"hp_instances: must be in [0, instances), got {self.hp_instances} "
-                f"with {self.instances} instances"
-            )
-        if self.hp_instances and self.policy != "ascendra":
-            # Ascendra with no HP runs LP-only (offloading off); other policies have no HP role
-            raise ValueError("hp_instances: only the ascendra policy has HP instances")
+        instance_roles(self.policy, self.instances, self.hp_instances)
+        cls = get_spec(self.policy).config_cls
+        if self.policy_config is not None and not isinstance(self.policy_config, cls):
+            raise ValueError(f"policy_config: policy {self.policy!r} takes a {cls.__name__}, "
+                             f"got a {type(self.policy_config).__name__}")
         if not self.qps > 0:
             raise ValueError(f"qps: must be > 0, got {self.qps}")
         if self.num_requests < 1:
@@ -65,10 +58,7 @@ class SimConfig:
         if self.noise_cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {self.noise_cv}")
 
-    def default_token_budget(self) -> int:
-        """Sarathi-Serve §5: 512 under a strict TBT SLO, 2048 under a relaxed one."""
-        if self.token_budget is not None:
-            return self.token_budget
-        if self.tbt_slo is None or self.slo_mix is not None:
-            return 512
-        return 512 if self.tbt_slo < STRICT_TBT_SLO else 2048
+    def resolved_policy_config(self) -> PolicyConfig:
+        """The policy's config with its SLO-dependent defaults (token budget) filled in."""
+        base = self.policy_config or get_spec(self.policy).config_cls()
+        return base.resolved(tbt_slo=self.tbt_slo, slo_mix=self.slo_mix)

@@ -11,7 +11,6 @@ executed batch, as the live perf-model service does.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -24,8 +23,7 @@ from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import ModelShape, get_model
 from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
-from sloserve.policies import make_policy
-from sloserve.policies.base import PolicyConfig
+from sloserve.policies import get_spec, instance_roles
 from sloserve.request import Request, RequestStatus
 from sloserve.sim.config import SimConfig
 from sloserve.sim.events import EventKind, EventQueue
@@ -73,21 +71,6 @@ def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> W
     )
 
 
-def policy_config(cfg: SimConfig, role: str) -> PolicyConfig:
-    base = cfg.policy_config or PolicyConfig(token_budget=cfg.default_token_budget())
-    if cfg.max_num_seqs is not None:
-        return dataclasses.replace(base, max_num_seqs=cfg.max_num_seqs)
-    if cfg.policy == "ascendra" and role == "lp":
-        # §6.2: LP batch size 128; with no HP instance there is nowhere to offload to
-        threshold = base.offload_threshold if cfg.hp_instances else 0.0
-        return dataclasses.replace(base, max_num_seqs=128, offload_threshold=threshold)
-    return base
-
-
-def policy_name(cfg: SimConfig, role: str) -> str:
-    return f"ascendra-{role}" if cfg.policy == "ascendra" else cfg.policy
-
-
 class Simulation:
     """One run: instances, router, shared online perf model, event queue."""
 
@@ -103,17 +86,16 @@ class Simulation:
         else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
             self.perf_model.refit_every = 1 << 62
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
-        n_lp = cfg.instances - cfg.hp_instances
-        roles = ["lp"] * n_lp + ["hp"] * cfg.hp_instances
+        spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.instances = [
             Instance(
-                f"{role}{i}",
-                make_policy(policy_name(cfg, role), policy_config(cfg, role)),
+                iid,
+                spec.make(role, self.policy_config, num_hp=cfg.hp_instances),
                 BlockManager(num_blocks, cfg.block_size),
                 self.perf_model,
                 role=role,
             )
-            for i, role in enumerate(roles)
+            for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
         self.controller = Controller(
@@ -219,7 +201,7 @@ class Simulation:
             gpu=self.cfg.gpu if self.cfg.timing_profile is None else "cpu-profile",
             qps=self.cfg.qps,
             seed=self.cfg.seed,
-            token_budget=self.instances[0].policy.config.token_budget,
+            token_budget=getattr(self.policy_config, "token_budget", None),
             too_long=self.workload.num_too_long,
             iterations=self.num_iterations,
             offloads=self.num_offloads,

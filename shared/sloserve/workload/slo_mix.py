@@ -30,10 +30,10 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from sloserve.batch import BatchShape
+from sloserve.defaults import READING_SPEED_TBT
 from sloserve.request import SLO
 
 SLO_MIXES = ("none", "uniform", "hetero")
-READING_SPEED_TBT = 0.1875  # seconds/token, AccelGen §1 and §4.3
 LENGTH_GROUP = 512  # tokens per prompt-length group, AccelGen §3
 TTFT_SCALE = (0.5, 1.5)  # AccelGen §3
 TBT_SCALE = (0.75, 1.25)  # AccelGen §6.1

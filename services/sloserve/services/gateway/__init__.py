@@ -1,1 +1,1 @@
-"""Gateway service: validates, tokenizes, routes (``sloserve.router``) and streams tokens."""
+"""Gateway service: validates, tokenizes, routes with the core ``Controller`` and streams tokens."""

@@ -25,6 +25,7 @@ import grpc
 
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
+from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
 from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
@@ -259,8 +260,9 @@ async def serve(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("gateway", port=50051, redis=False)
     p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT")
-    p.add_argument("--ttft-slo", type=float, default=1.0, help="default TTFT SLO, s (0: none)")
-    p.add_argument("--tbt-slo", type=float, default=0.15, help="default TBT SLO, s (0: none)")
+    p.add_argument("--ttft-slo", type=float, default=TTFT_SLO,
+                   help="default TTFT SLO, s (0: none)")
+    p.add_argument("--tbt-slo", type=float, default=TBT_SLO, help="default TBT SLO, s (0: none)")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--decision-log", default=None,
                    help="append the controller's decisions to this file as JSON lines")

@@ -10,7 +10,8 @@ import redis.asyncio as aioredis
 
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
-from sloserve.policies import PolicyConfig, make_policy
+from sloserve.policies import Policy, get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags, config_from_args
 from sloserve.services import obs, rpc
 from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
@@ -33,14 +34,12 @@ async def _describe(
 
 
 async def serve(args: argparse.Namespace) -> None:
+    policy = policy_from_args(args)  # a bad knob fails before any connection
     redis = aioredis.Redis.from_url(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
-    policy = make_policy(
-        args.policy, PolicyConfig(token_budget=args.token_budget, max_num_seqs=args.max_num_seqs,
-                                  offload_threshold=args.offload_threshold))
     instance = Instance(
         args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
         perf_model, role=args.role,
@@ -79,11 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("scheduler")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
-    p.add_argument("--policy", default="sarathi", help="registered policy name")
-    p.add_argument("--token-budget", type=int, default=512)
-    p.add_argument("--max-num-seqs", type=int, default=256)
-    p.add_argument("--offload-threshold", type=float, default=1.0,
-                   help="Ascendra LP (0: never offload, e.g. no HP instance)")
+    p.add_argument("--policy", default="sarathi", choices=policy_names())
+    p.add_argument("--num-hp", type=int, default=0,
+                   help="HP instances in the deployment (an Ascendra LP offloads only if > 0)")
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--coefficients-wait", type=float, default=20.0,
@@ -95,7 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="online: follow the perf-model service's fits; roofline: never refit")
     p.add_argument("--decision-log", default=None,
                    help="append every batch plan to this file as JSON lines")
+    add_policy_flags(p)
     return p
+
+
+def policy_from_args(args: argparse.Namespace) -> Policy:
+    """The policy this instance runs: the knob flags' config, the role's rules applied."""
+    if args.num_hp < 0:
+        raise ValueError(f"--num-hp: must be >= 0, got {args.num_hp}")
+    return get_spec(args.policy).make(args.role, config_from_args(args.policy, args),
+                                      num_hp=args.num_hp)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,6 @@ the tokens the gateway already has, and unlisted ones are cancelled.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import time
 from collections import deque
@@ -28,6 +27,7 @@ import grpc
 import numpy as np
 
 from sloserve.instance import Instance
+from sloserve.policies.flags import config_json
 from sloserve.services import obs
 from sloserve.services.convert import request_of, state_to_proto
 from sloserve.services.perfmodel.coefficients import Published
@@ -207,13 +207,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             overhead_p50_s=o50, overhead_p99_s=o99, schedule_p50_s=s50, schedule_p99_s=s99,
             executor=self.executor, coefficients=self.coefficients.values,
             coefficients_version=self.coefficients.version,
-            policy_config=json.dumps(_config_dict(inst.policy.config)),
+            policy_config=config_json(inst.policy.config),
             idle=self.waiting_for_wake and not self.wake.is_set(),
         )
-
-
-def _config_dict(config: object) -> dict[str, object]:
-    return dataclasses.asdict(config) if dataclasses.is_dataclass(config) else {}  # type: ignore[arg-type]
 
 
 def _pcts(xs: deque[float]) -> tuple[float, float]:
