@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sloserve.defaults import TBT_SLO, TTFT_SLO
-from sloserve.policies import PolicyConfig, get_spec, instance_roles
+from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
 from sloserve.policies.flags import config_to_argv
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
@@ -54,11 +54,7 @@ class StackConfig:
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
 
     def validate(self) -> None:
-        instance_roles(self.policy, self.instances, self.hp_instances)
-        cls = get_spec(self.policy).config_cls
-        if self.policy_config is not None and not isinstance(self.policy_config, cls):
-            raise ValueError(f"policy_config: policy {self.policy!r} takes a {cls.__name__}, "
-                             f"got a {type(self.policy_config).__name__}")
+        check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
         if self.backend not in ("sim", "torch"):
             raise ValueError(f"backend: must be sim or torch, got {self.backend!r}")
 

@@ -10,6 +10,7 @@ from sloserve.policies.base import BatchBuilder, InstanceView, Policy, PolicyCon
 from sloserve.policies.registry import (
     BASELINE,
     PolicySpec,
+    check_deployment,
     get_spec,
     instance_roles,
     policy_names,
@@ -22,6 +23,7 @@ __all__ = [
     "Policy",
     "PolicyConfig",
     "PolicySpec",
+    "check_deployment",
     "get_spec",
     "instance_roles",
     "policy_names",

@@ -101,3 +101,14 @@ def instance_roles(policy: str, instances: int, hp_instances: int) -> list[tuple
                          f"(only {[n for n in _SPECS if _SPECS[n].has_role('hp')]} do)")
     roles = ["lp"] * (instances - hp_instances) + ["hp"] * hp_instances
     return [(f"{role}{i}", role) for i, role in enumerate(roles)]
+
+
+def check_deployment(
+    policy: str, instances: int, hp_instances: int, config: PolicyConfig | None,
+) -> None:
+    """A deployment as the simulator and the stack take it: instances, roles, config class."""
+    instance_roles(policy, instances, hp_instances)
+    cls = get_spec(policy).config_cls
+    if config is not None and not isinstance(config, cls):
+        raise ValueError(f"policy_config: policy {policy!r} takes a {cls.__name__}, "
+                         f"got a {type(config).__name__}")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
-from sloserve.policies.registry import get_spec, instance_roles
+from sloserve.policies.registry import check_deployment, get_spec
 
 
 @dataclass(slots=True)
@@ -40,11 +40,7 @@ class SimConfig:
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
 
     def validate(self) -> None:
-        instance_roles(self.policy, self.instances, self.hp_instances)
-        cls = get_spec(self.policy).config_cls
-        if self.policy_config is not None and not isinstance(self.policy_config, cls):
-            raise ValueError(f"policy_config: policy {self.policy!r} takes a {cls.__name__}, "
-                             f"got a {type(self.policy_config).__name__}")
+        check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
         if not self.qps > 0:
             raise ValueError(f"qps: must be > 0, got {self.qps}")
         if self.num_requests < 1:
