@@ -82,10 +82,11 @@ def plan_to_proto(
 def tokens_to_proto(
     events: Iterable[TokenEvent], stopped: Iterable[str], out: scheduler_pb2.SchedulerOutput,
 ) -> None:
-    stop = set(stopped)
+    stop = set(stopped) if stopped else ()
+    add = out.tokens.add
     for ev in events:
-        out.tokens.add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id,
-                       time=ev.time, finished=ev.finished, stopped=ev.request_id in stop)
+        add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id, time=ev.time,
+            finished=ev.finished, stopped=ev.request_id in stop)
 
 
 def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceState:

@@ -18,6 +18,7 @@ from prometheus_client import Gauge, Histogram
 
 from sloserve.batch import BatchPlan
 from sloserve.decisions import plan_record
+from sloserve.instance import TokenEvent
 from sloserve.request import Request
 from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
 from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
@@ -29,17 +30,19 @@ OVERHEAD = Histogram(
     buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
 )
 QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
-Report = tuple[scheduler_pb2.SchedulerOutput, list[str]]  # (tokens + state, finished ids)
+Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent]]  # (tokens + state, events)
 
 
 def _decide(
     svc: SchedulerService, now: float
 ) -> tuple[BatchPlan | None, scheduler_pb2.SchedulerOutput]:
     """The policy's plan (None when idle) and the offloads and drops it decided."""
-    out = svc.output()
     if not svc.instance.has_work:
-        return None, out
+        return None, svc.output()
+    t0 = time.perf_counter()
     plan, offloaded, dropped = svc.instance.schedule(now)
+    svc.schedule_time.append(time.perf_counter() - t0)  # the decision alone
+    out = svc.output()
     _taken(svc, offloaded, dropped, out)
     if not plan.items:
         return None, out
@@ -63,11 +66,12 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     """Send the previous batch's tokens to the gateway and Redis; release finished ones."""
     if report is None:
         return
-    out, finished = report
-    if out.tokens:
-        svc.store.append_tokens({t.request_id: t.token_id for t in out.tokens})
-    for rid in finished:
-        svc.release(rid)
+    out, events = report
+    if events:
+        svc.store.append_tokens({ev.request_id: ev.token_id for ev in events})
+    for ev in events:
+        if ev.finished:
+            svc.release(ev.request_id)
     svc.send(out)
 
 
@@ -83,10 +87,8 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
     prev_recv: float | None = None  # end of the previous busy iteration
     report: Report | None = None
     while True:
-        t0 = time.perf_counter()
         now = clock.now()
         plan, out = _decide(svc, now)
-        t1 = time.perf_counter()
         if plan is None:  # idle until a submission or cancel wakes us
             svc.unhold()
             _flush(svc, report)
@@ -119,8 +121,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
         report_out = svc.output()
         tokens_to_proto(events, res.stopped, report_out)
         report_out.state.CopyFrom(state_to_proto(inst, end))
-        report = (report_out, [ev.request_id for ev in events if ev.finished])
-        svc.schedule_time.append(t1 - t0)
+        report = (report_out, events)
         m_iter.observe(res.duration_s)
         m_wait.set(len(inst.waiting))
         m_run.set(len(inst.running))
