@@ -163,6 +163,12 @@ class Instance:
         stop = set(stopped)
         events: list[TokenEvent] = []
         requests = self.requests
+        if sampled is not None:  # live: keep the ids (before finished requests detach)
+            for rid, tok in sampled.items():
+                if (r := requests.get(rid)) is not None:
+                    if r.output_token_ids is None:
+                        r.output_token_ids = []
+                    r.output_token_ids.append(tok)
         for item in plan.items:
             req = requests.get(item.request_id)
             if req is None:  # cancelled while the batch ran
@@ -173,16 +179,13 @@ class Instance:
             req.num_generated += 1
             req.token_times.append(end_time)
             done = req.num_generated >= req.output_len or req.request_id in stop
-            tok = -1
-            if sampled is not None:
-                tok = sampled[req.request_id]
-                if req.output_token_ids is None:
-                    req.output_token_ids = []
-                req.output_token_ids.append(tok)
-            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done, tok))
+            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done))
             if done:
                 self._detach(req)
                 req.status = RequestStatus.FINISHED
                 req.finish_time = end_time
+        if sampled is not None:
+            for ev in events:
+                ev.token_id = sampled[ev.request_id]
         self.policy.on_batch_end(self.view(end_time), plan)
         return events

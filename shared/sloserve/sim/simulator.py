@@ -151,10 +151,9 @@ class Simulation:
         if self.in_flight[k] is not None or not inst.has_work:
             return
         plan, offloaded, dropped = inst.schedule(now)
-        actions = self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now)
         if offloaded or dropped:
             self.num_offloads += len(offloaded)
-            for action in actions:
+            for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
                 self._carry_out(action, now)
         if plan.is_empty:
             self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
