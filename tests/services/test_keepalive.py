@@ -59,12 +59,14 @@ def test_idle_stack_serves_the_next_request_promptly_without_goaway(
     monkeypatch.setenv(rpc.KEEPALIVE_ENV, str(SHORT_MS))  # every service and our SDK client
     stack = start_stack(policy="sarathi")
     client = Client(stack.gateway)
-    assert len(list(client.generate("warm", max_tokens=2))) == 2
+    warm = list(client.generate("warm", max_tokens=2))
     time.sleep(IDLE_S)
     t0 = time.monotonic()
     chunks = list(client.generate("after idle", max_tokens=4, timeout=10))
     ttft = chunks[0].time - chunks[0].arrival_time
     assert [c.index for c in chunks] == [0, 1, 2, 3]
+    print(f"TTFT before idle {(warm[0].time - warm[0].arrival_time) * 1e3:.1f} ms, "
+          f"after {IDLE_S:.0f} s idle {ttft * 1e3:.1f} ms")
     assert time.monotonic() - t0 < 2.0 and ttft < 1.0, ttft
     assert stack.exited() == []
     assert stack.cfg.log_dir is not None
