@@ -69,27 +69,28 @@ def test_input_limits_refuse_nonsense_bounds() -> None:
         InputLimits(min_slo_s=10.0, max_slo_s=1.0)
 
 
-POISON: list[tuple[str, bytes, grpc.StatusCode, str]] = [
-    # name, serialized request, expected code, start of details
-    ("17 MB request_id", _req(request_id="r" * (17 * MiB)).SerializeToString(),
-     grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
-    ("32 MB prompt", _req(prompt="p" * (32 * MiB)).SerializeToString(),
-     grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
-    ("2 MB prompt", _req(prompt="p" * (2 * MiB)).SerializeToString(),
-     grpc.StatusCode.INVALID_ARGUMENT, "prompt: over"),
-    ("600 KB prompt", _req(prompt="p" * (600 << 10)).SerializeToString(),
-     grpc.StatusCode.INVALID_ARGUMENT, "prompt: at least"),
-    ("129-char request_id", _req(request_id="r" * 129).SerializeToString(),
-     grpc.StatusCode.INVALID_ARGUMENT, "request_id:"),
-    ("ttft_slo 1e308", _req(ttft_slo=1e308).SerializeToString(),
-     grpc.StatusCode.INVALID_ARGUMENT, "ttft_slo:"),
-    ("tbt_slo 5e-324", _req(tbt_slo=5e-324).SerializeToString(),
-     grpc.StatusCode.INVALID_ARGUMENT, "tbt_slo:"),
-    ("malformed protobuf", b"\xff\xff\xff\xff",
-     grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid sloserve.v1.GenerateRequest"),
-    ("truncated protobuf", _req(request_id="abc").SerializeToString()[:-2],
-     grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid sloserve.v1.GenerateRequest"),
-]
+def _poison() -> list[tuple[str, bytes, grpc.StatusCode, str]]:
+    """(name, serialized request, expected code, start of details), built when needed."""
+    return [
+        ("17 MB request_id", _req(request_id="r" * (17 * MiB)).SerializeToString(),
+         grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        ("32 MB prompt", _req(prompt="p" * (32 * MiB)).SerializeToString(),
+         grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        ("2 MB prompt", _req(prompt="p" * (2 * MiB)).SerializeToString(),
+         grpc.StatusCode.INVALID_ARGUMENT, "prompt: over"),
+        ("600 KB prompt", _req(prompt="p" * (600 << 10)).SerializeToString(),
+         grpc.StatusCode.INVALID_ARGUMENT, "prompt: at least"),
+        ("129-char request_id", _req(request_id="r" * 129).SerializeToString(),
+         grpc.StatusCode.INVALID_ARGUMENT, "request_id:"),
+        ("ttft_slo 1e308", _req(ttft_slo=1e308).SerializeToString(),
+         grpc.StatusCode.INVALID_ARGUMENT, "ttft_slo:"),
+        ("tbt_slo 5e-324", _req(tbt_slo=5e-324).SerializeToString(),
+         grpc.StatusCode.INVALID_ARGUMENT, "tbt_slo:"),
+        ("malformed protobuf", b"\xff\xff\xff\xff",
+         grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid sloserve.v1.GenerateRequest"),
+        ("truncated protobuf", _req(request_id="abc").SerializeToString()[:-2],
+         grpc.StatusCode.INVALID_ARGUMENT, "request: not a valid sloserve.v1.GenerateRequest"),
+    ]
 
 
 def _poison_latencies(target: str) -> dict[str, float]:
@@ -99,7 +100,7 @@ def _poison_latencies(target: str) -> dict[str, float]:
                                    request_serializer=lambda b: b,
                                    response_deserializer=gateway_pb2.GenerateChunk.FromString)
         list(generate(_req(prompt="warm").SerializeToString(), timeout=10))
-        for name, raw, code, details in POISON:
+        for name, raw, code, details in _poison():
             t0 = time.perf_counter()
             with pytest.raises(grpc.RpcError) as info:
                 list(generate(raw, timeout=10))
@@ -137,7 +138,9 @@ def test_poison_inputs_are_refused_fast_while_a_normal_stream_flows(
         "the normal stream ended before the poison: it proves nothing"
     # refused before any work: generous bounds (a shared 2-core machine), the
     # measured figures are in docs/reliability.md
-    assert max(latencies.values()) < 2.0, latencies
+    big = {"17 MB request_id", "32 MB prompt"}  # mostly this process pushing the bytes
+    assert max(v for k, v in latencies.items() if k not in big) < 2.0, latencies
+    assert max(latencies[k] for k in big) < 10.0, latencies
     # the gateway's send times (``Chunk.time``): the stream as the gateway served it, apart
     # from this process, which is busy sending the poison
     w0, w1 = time.time() - (time.perf_counter() - p0), time.time() - (time.perf_counter() - p1)
