@@ -7,6 +7,9 @@ keys) by the fixture's finalizer.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,11 +28,11 @@ def start_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
 
     def start(**kw: object) -> Stack:
-        cfg = StackConfig(
+        opts: dict[str, object] = dict(
             gateway_port=free_port(), redis_url=REDIS_URL,
             prefix=f"sloserve-test:{uuid.uuid4().hex[:10]}",
-            log_dir=tmp_path / f"logs{len(stacks)}", refit_interval=0.5, **kw,  # type: ignore[arg-type]
-        )
+            log_dir=tmp_path / f"logs{len(stacks)}", refit_interval=0.5)
+        cfg = StackConfig(**{**opts, **kw})  # type: ignore[arg-type]
         stack = Stack(cfg)
         stacks.append(stack)
         return stack.start()
@@ -38,6 +41,53 @@ def start_stack(tmp_path: Path) -> Iterator[Callable[..., Stack]]:
     r = redis.Redis.from_url(REDIS_URL)
     for s in stacks:
         s.stop()
+        if s.redis_url != REDIS_URL:
+            continue  # a throwaway Redis: gone with its test
         keys = list(r.scan_iter(f"{s.prefix}:*"))
         if keys:
             r.delete(*keys)
+
+
+class ThrowawayRedis:
+    """A ``redis-server`` of our own on a free port, without persistence, that a test
+    may kill and start again (on the same port: clients reconnect to it)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--daemonize", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        client.close()
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+@pytest.fixture
+def throwaway_redis() -> Iterator[ThrowawayRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = ThrowawayRedis()
+    server.start()
+    yield server
+    server.kill()

@@ -11,7 +11,7 @@ from typing_extensions import Unpack
 
 from sloserve.client.errors import from_rpc_error
 from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
-from sloserve.services.rpc import CHANNEL_OPTIONS
+from sloserve.services.rpc import client_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +99,7 @@ class Client:
     """Blocking client: ``generate`` yields :class:`Chunk` objects as tokens are produced."""
 
     def __init__(self, target: str = "127.0.0.1:50051") -> None:
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = grpc.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     def generate(
@@ -141,7 +141,7 @@ class AsyncClient:
     """asyncio client: ``async for chunk in client.generate(...)``."""
 
     def __init__(self, target: str = "127.0.0.1:50051") -> None:
-        self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = grpc.aio.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     async def generate(

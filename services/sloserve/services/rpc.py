@@ -1,11 +1,27 @@
-"""gRPC plumbing shared by every service: health checking, reflection, lifecycle."""
+"""gRPC plumbing shared by every service: health checking, reflection, lifecycle.
+
+Keepalive: one policy for every client (services and the SDK) and every server,
+agreeing as gRPC's keepalive guide asks: clients ping every ``keepalive_ms``
+(also with no call in flight, with no limit on pings without data), and servers
+accept pings that often (``min_ping_interval_without_data_ms`` is half of it,
+``keepalive_permit_without_calls``), so an idle connection is never answered
+with ``GOAWAY too_many_pings``. ``SLOSERVE_KEEPALIVE_MS`` changes the interval
+(tests shorten it to cover several pings in a few seconds; gRPC pings at most
+once a second whatever is asked).
+
+Servers bind without ``SO_REUSEPORT``: a second process on a port in use fails
+to start (:class:`PortInUse`) instead of sharing the port with the first.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import os
 import signal
+import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
@@ -15,11 +31,62 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 PARENT_PID_ENV = "SLOSERVE_PARENT_PID"  # set by a launcher: exit when that process is gone
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", 64 << 20),
-    ("grpc.max_send_message_length", 64 << 20),
-    ("grpc.keepalive_time_ms", 10_000),
-]
+KEEPALIVE_ENV = "SLOSERVE_KEEPALIVE_MS"
+KEEPALIVE_MS = 20_000  # clients ping an idle connection this often
+KEEPALIVE_TIMEOUT_MS = 10_000  # and drop it when a ping is not answered in this time
+INTERNAL_MESSAGE_BYTES = 64 << 20  # between our own services (plans, Hello)
+Options = list[tuple[str, int]]
+
+
+def keepalive_ms() -> int:
+    """The keepalive interval: ``$SLOSERVE_KEEPALIVE_MS`` or :data:`KEEPALIVE_MS`."""
+    raw = os.environ.get(KEEPALIVE_ENV)
+    if not raw:
+        return KEEPALIVE_MS
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{KEEPALIVE_ENV}: must be a positive number of ms, got {raw!r}")
+    return value
+
+
+def client_options(keepalive: int | None = None,
+                   max_message_bytes: int = INTERNAL_MESSAGE_BYTES) -> Options:
+    """Every channel's options (services and SDK): see the module's keepalive note."""
+    k = keepalive or keepalive_ms()
+    return [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.keepalive_time_ms", k),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+    ]
+
+
+def server_options(keepalive: int | None = None,
+                   max_receive_bytes: int = INTERNAL_MESSAGE_BYTES) -> Options:
+    """Every server's options: accepts the clients' pings, refuses a port in use."""
+    k = keepalive or keepalive_ms()
+    return [
+        ("grpc.max_receive_message_length", max_receive_bytes),
+        ("grpc.max_send_message_length", INTERNAL_MESSAGE_BYTES),
+        ("grpc.keepalive_time_ms", k),  # the server checks its clients too
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.min_ping_interval_without_data_ms", max(1, k // 2)),  # <= client's
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.so_reuseport", 0),
+    ]
+
+
+CHANNEL_OPTIONS = client_options()  # as of import; ``client_options()`` rereads the env
+
+
+class PortInUse(OSError):
+    """A server could not bind its port (another process listens on it)."""
 
 
 T = TypeVar("T")
@@ -37,27 +104,53 @@ async def retry_until_up(call: Callable[[], Awaitable[T]], timeout: float) -> T:
             await asyncio.sleep(0.1)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise :class:`PortInUse` if something listens on ``host:port`` (checked before
+    gRPC tries, whose own refusal comes with a core log line besides ours)."""
+    host = host.strip("[]")
+    for family, kind, proto, _, addr in socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE):
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT is no user
+            try:
+                s.bind(addr)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise PortInUse(
+                        f"port {port}: cannot listen on {host}:{port}, already in use") from None
+                raise
+
+
 def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+    return grpc.aio.insecure_channel(target, options=client_options())
 
 
 async def start_server(
-    host: str, port: int, service_name: str, register: Callable[[grpc.aio.Server], None]
+    host: str, port: int, service_name: str, register: Callable[[grpc.aio.Server], None],
+    max_receive_bytes: int = INTERNAL_MESSAGE_BYTES,
+    interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Start an aio server with our servicer, standard health checking and reflection.
 
     The service reports SERVING once started; call ``set_not_serving`` on drain.
+    Raises :class:`PortInUse` when ``host:port`` is taken.
     """
-    server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    if port:
+        check_port_free(host, port)
+    server = grpc.aio.server(options=server_options(max_receive_bytes=max_receive_bytes),
+                             interceptors=interceptors)
     register(server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    bound = server.add_insecure_port(f"{host}:{port}")
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:  # grpcio raises where older versions returned 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"port: cannot bind {host}:{port}")
+        raise PortInUse(f"port {port}: cannot listen on {host}:{port}, already in use")
     await server.start()
     for name in ("", service_name):
         await hs.set(name, health_pb2.HealthCheckResponse.SERVING)
@@ -134,5 +227,11 @@ def run_service(
     parser: argparse.ArgumentParser,
     argv: Sequence[str] | None,
 ) -> int:
-    asyncio.run(serve(parser.parse_args(argv)))
+    """Run ``serve``; a port in use ends it with one line naming the port (exit 2)."""
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(serve(args))
+    except PortInUse as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     return 0

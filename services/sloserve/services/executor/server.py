@@ -3,6 +3,9 @@
 Every executed batch (shape + measured time) is appended to the samples
 stream for the perf-model service, in the background, off the iteration path.
 At startup the backend's profiling sweep is appended first (warm start).
+Through a Redis outage samples wait in memory, the newest ``MAX_PENDING`` kept
+(the perf model fits a sliding window of the latest batches, so the oldest are
+the ones worth least), and are sent when Redis is back.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from sloserve.services.executor.backends import Backend, make_backend, plan_shap
 from sloserve.services.executor.horizon import Horizon
 from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
+from sloserve.services.redisconn import REDIS_ERRORS, Outage, connect
 from sloserve.services.store import Keys
 
 FLUSH_INTERVAL_S = 0.1
+MAX_PENDING = 4096  # samples held through a Redis outage (the perf model's window)
 
 
 SPIN_S = 0.002  # the last stretch of a wait is a blocking sleep: asyncio's timer is ms-coarse
@@ -52,6 +57,9 @@ class ExecutorService(executor_grpc.ExecutorServicer):
         self._pending: list[BatchSample] = []
         self._flush_wanted = asyncio.Event()
         self.log = obs.setup_logging("executor")
+        self.outage = Outage("samples_flush", self.log)
+        self._held: list[tuple[BatchSample, str]] = []  # unsent through a Redis outage
+        self.dropped_samples = 0  # oldest samples dropped while Redis was down
 
     async def Describe(
         self, request: executor_pb2.DescribeRequest, context: grpc.aio.ServicerContext
@@ -96,20 +104,46 @@ class ExecutorService(executor_grpc.ExecutorServicer):
 
     async def publish_warmup(self) -> None:
         sweep = await asyncio.to_thread(self.backend.warmup_samples)
-        await self._xadd(sweep, "sweep")
+        try:
+            await self._xadd([(s, "sweep") for s in sweep])
+        except REDIS_ERRORS as exc:  # sent by the flusher once Redis is back
+            await self.outage.failed(exc)
+            self._hold([(s, "sweep") for s in sweep])
         self.log.info("warmup_samples", count=len(sweep))
 
     async def flush_forever(self) -> None:
+        """Send samples every ``FLUSH_INTERVAL_S``; a Redis error keeps them (bounded)
+        and retries with backoff. Never raises a Redis error."""
         while True:
-            await self._flush_wanted.wait()
+            if not self._held:
+                await self._flush_wanted.wait()
             await asyncio.sleep(FLUSH_INTERVAL_S)  # one pipeline for several batches
             self._flush_wanted.clear()
-            batch, self._pending = self._pending, []
-            await self._xadd(batch, "run")
+            batch = self._take_held() + [(s, "run") for s in self._pending]
+            self._pending = []
+            try:
+                await self._xadd(batch)
+                self.outage.ok()
+            except REDIS_ERRORS as exc:
+                await self.outage.failed(exc)
+                self._hold(batch)
+                await asyncio.sleep(self.outage.delay())
 
-    async def _xadd(self, batch: list[BatchSample], src: str) -> None:
+    def _hold(self, batch: list[tuple[BatchSample, str]]) -> None:
+        """Keep unsent samples, the newest ``MAX_PENDING`` (oldest dropped, counted)."""
+        self._held = self._held + batch
+        excess = len(self._held) - MAX_PENDING
+        if excess > 0:
+            self.dropped_samples += excess
+            del self._held[:excess]
+
+    def _take_held(self) -> list[tuple[BatchSample, str]]:
+        batch, self._held = self._held, []
+        return batch
+
+    async def _xadd(self, batch: list[tuple[BatchSample, str]]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
-            for s in batch:
+            for s, src in batch:
                 pipe.xadd(self.keys.samples, samples.encode(s, src),  # type: ignore[arg-type,unused-ignore]
                           maxlen=samples.MAXLEN, approximate=True)
             await pipe.execute()
@@ -121,7 +155,7 @@ async def serve(args: argparse.Namespace) -> None:
         block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
         weights=args.weights, fixed_batch_time=args.fixed_batch_time,
     )
-    redis = aioredis.Redis.from_url(args.redis_url)
+    redis = connect(args.redis_url)
     horizon = None
     if args.clock == "virtual":
         horizon = Horizon(redis, Keys(args.prefix), f"{args.host}:{args.port}")

@@ -31,7 +31,15 @@ from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
-from sloserve.services.gateway.validate import InvalidInput, Limits, request_spec
+from sloserve.services.gateway.validate import (
+    InputLimits,
+    InvalidInput,
+    Limits,
+    check_request,
+    check_slo,
+    request_spec,
+)
+from sloserve.services.malformed import MalformedRequests
 from sloserve.services.proto import (
     SERVICE_NAMES,
     common_pb2,
@@ -43,6 +51,7 @@ from sloserve.services.proto import (
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
+INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 
 
 @dataclass(slots=True)
@@ -58,6 +67,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self, controller: Controller, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
         decision_log: IO[str] | None = None, virtual_clock: bool = False,
+        inputs: InputLimits | None = None,
     ) -> None:
         self.log = obs.setup_logging("gateway")
         self.virtual_clock = virtual_clock
@@ -69,7 +79,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.limits = Limits(
             min(min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
                 for s in statuses.values()),
-            self.tokenizer.vocab_size,
+            self.tokenizer.vocab_size, inputs or InputLimits(),
         )
         self.flights: dict[str, Flight] = {}
         self.gateway_id = uuid.uuid4().hex[:8]
@@ -133,17 +143,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
     ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         now = self._arrival_time(context)
         try:
-            if request.prompt and request.prompt_token_ids:
-                raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
-            ids = (list(request.prompt_token_ids) if request.prompt_token_ids
-                   else self.tokenizer.encode(request.prompt))
+            check_request(request, self.limits)  # before any work, in time independent of size
+            ids = await self._prompt_ids(request)
             spec = request_spec(request, ids, self.limits, self.slo_defaults, now)
             if spec.request_id in self.flights:
-                raise InvalidInput(f"request_id: {spec.request_id!r} is already in flight")
+                await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                    f"request_id: {spec.request_id!r} is already in flight")
         except InvalidInput as exc:
-            code = (grpc.StatusCode.ALREADY_EXISTS if str(exc).startswith("request_id")
-                    else grpc.StatusCode.INVALID_ARGUMENT)
-            await context.abort(code, str(exc))
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = spec.request_id
         f = Flight(spec, request_of(spec), asyncio.Queue())
         self.flights[rid] = f
@@ -178,6 +185,21 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if instance is not None:
                     self.links[instance].cancel(rid)
                 self.ctl.on_cancel(rid, time.time())
+
+    async def _prompt_ids(self, request: gateway_pb2.GenerateRequest) -> list[int]:
+        """The prompt's token ids; a large text prompt is tokenized off the event loop,
+        and only if its byte length allows it to fit the model's limit."""
+        if request.prompt_token_ids:
+            return list(request.prompt_token_ids)
+        prompt = request.prompt
+        n_bytes = len(prompt.encode()) if len(prompt) > INLINE_TOKENIZE_CHARS else len(prompt)
+        at_least = -(-n_bytes // self.tokenizer.max_token_bytes)
+        if at_least > self.limits.max_tokens_total:
+            raise InvalidInput(f"prompt: at least {at_least} tokens, the limit is "
+                               f"{self.limits.max_tokens_total}")
+        if len(prompt) > INLINE_TOKENIZE_CHARS:
+            return await asyncio.to_thread(self.tokenizer.encode, prompt)
+        return self.tokenizer.encode(prompt)
 
     def _arrival_time(self, context: grpc.aio.ServicerContext) -> float:
         """Now; with a virtual clock, the time the conductor stamped on the call."""
@@ -246,10 +268,16 @@ async def serve(args: argparse.Namespace) -> None:
     defaults = {"ttft_slo": args.ttft_slo or None, "tbt_slo": args.tbt_slo or None,
                 "jct_slo": None}
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual")
+    inputs = InputLimits.from_args(args)
+    for name, value in defaults.items():
+        if value is not None:
+            check_slo(f"--{name.replace('_', '-')}", value, inputs)
+    svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
+                         inputs)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
+        max_receive_bytes=inputs.max_message_bytes, interceptors=[MalformedRequests()],
     )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
@@ -266,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--decision-log", default=None,
                    help="append the controller's decisions to this file as JSON lines")
+    InputLimits.add_flags(p)
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help=f"virtual: arrival times come from the {ARRIVAL_METADATA} metadata "
                         "(a protocol test's conductor)")

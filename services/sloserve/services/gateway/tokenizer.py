@@ -17,6 +17,7 @@ class Detokenizer(Protocol):
 class ByteTokenizer:
     name = "byte"
     vocab_size = 256
+    max_token_bytes = 1  # a prompt of n bytes is at least n / max_token_bytes tokens
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -43,6 +44,9 @@ class ModelTokenizer:
 
         self._tok = Tokenizer.from_str(tokenizer_json)
         self.vocab_size = int(self._tok.get_vocab_size())
+        # the longest piece, 4 bytes a character at most: a prompt of n bytes is at least
+        # n / max_token_bytes tokens (a bound checked before tokenizing a large prompt)
+        self.max_token_bytes = 4 * max((len(t) for t in self._tok.get_vocab()), default=1)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)

@@ -1,10 +1,18 @@
-"""Client input checks at the gateway: every error names the field that is wrong."""
+"""Client input checks at the gateway: every error names the field that is wrong.
+
+Bounds come from one place, :class:`InputLimits` (defaults here, gateway flags
+override them), and from the model (:class:`Limits`). :func:`check_request`
+runs first, on the message as received, in time independent of its size (lengths
+before scans, bytes before tokenizing), so an oversized input costs nothing.
+"""
 
 from __future__ import annotations
 
+import argparse
 import math
+import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from sloserve.services.proto import common_pb2, gateway_pb2
 
@@ -13,10 +21,78 @@ class InvalidInput(ValueError):
     """Bad client input; the message starts with the field name."""
 
 
+REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+@dataclass(frozen=True, slots=True)
+class InputLimits:
+    """Bounds on what a client may send (the gateway's flags: ``--max-message-bytes`` ...)."""
+
+    max_message_bytes: int = 4 << 20  # gRPC refuses a bigger request (RESOURCE_EXHAUSTED)
+    max_request_id_chars: int = 128  # of [A-Za-z0-9._:-]
+    max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of a text prompt
+    min_slo_s: float = 1e-3  # ttft_slo, tbt_slo, jct_slo
+    max_slo_s: float = 3600.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{f.name}: must be a positive number, got {value}")
+        if self.min_slo_s > self.max_slo_s:
+            raise ValueError(f"min_slo_s: {self.min_slo_s} exceeds max_slo_s {self.max_slo_s}")
+
+    @staticmethod
+    def add_flags(p: argparse.ArgumentParser) -> None:
+        d = InputLimits()
+        for f in fields(InputLimits):
+            p.add_argument(f"--{f.name.replace('_', '-')}", type=type(getattr(d, f.name)),
+                           default=getattr(d, f.name), help="input limit (default %(default)s)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> InputLimits:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     max_tokens_total: int  # prompt + max_tokens must fit (model context and KV capacity)
     vocab_size: int
+    inputs: InputLimits = InputLimits()
+
+
+def check_request(r: gateway_pb2.GenerateRequest, limits: Limits) -> None:
+    """Every check that needs no tokenizing, cheapest first (raises :class:`InvalidInput`)."""
+    lim = limits.inputs
+    rid = r.request_id
+    if len(rid) > lim.max_request_id_chars:
+        raise InvalidInput(
+            f"request_id: {len(rid)} characters, at most {lim.max_request_id_chars} allowed")
+    if rid and REQUEST_ID.fullmatch(rid) is None:
+        raise InvalidInput("request_id: only letters, digits and . _ : - are allowed")
+    if r.prompt and r.prompt_token_ids:
+        raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
+    prompt = r.prompt  # one copy out of the message
+    if len(prompt) > lim.max_prompt_bytes:  # characters <= UTF-8 bytes: no encoding needed
+        raise InvalidInput(f"prompt: over {lim.max_prompt_bytes} bytes")
+    if prompt and len(prompt.encode()) > lim.max_prompt_bytes:
+        raise InvalidInput(f"prompt: over {lim.max_prompt_bytes} bytes")
+    n_ids = len(r.prompt_token_ids)
+    if n_ids > limits.max_tokens_total:
+        raise InvalidInput(
+            f"prompt_token_ids: {n_ids} tokens, the limit is {limits.max_tokens_total}")
+    if not 1 <= r.max_tokens <= limits.max_tokens_total:
+        raise InvalidInput(
+            f"max_tokens: must be in [1, {limits.max_tokens_total}], got {r.max_tokens}")
+    for name in ("ttft_slo", "tbt_slo", "jct_slo"):
+        if r.HasField(name):
+            check_slo(name, getattr(r, name), lim)
+
+
+def check_slo(name: str, value: float, lim: InputLimits) -> None:
+    if not (math.isfinite(value) and lim.min_slo_s <= value <= lim.max_slo_s):
+        raise InvalidInput(
+            f"{name}: must be in [{lim.min_slo_s:g}, {lim.max_slo_s:g}] seconds, got {value}")
 
 
 def check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
@@ -36,9 +112,13 @@ def request_spec(
     r: gateway_pb2.GenerateRequest, ids: list[int], limits: Limits,
     slo_defaults: dict[str, float | None], now: float,
 ) -> common_pb2.RequestSpec:
-    """The scheduler-facing spec of a client request (``ids``: its prompt tokens)."""
+    """The scheduler-facing spec of a client request (``ids``: its prompt tokens), after
+    :func:`check_request`."""
     if not ids:
         raise InvalidInput("prompt: must not be empty")
+    if len(ids) > limits.max_tokens_total:
+        raise InvalidInput(
+            f"prompt: {len(ids)} tokens, the limit is {limits.max_tokens_total}")
     bad = [t for t in ids if not 0 <= t < limits.vocab_size]
     if bad:
         raise InvalidInput(
@@ -57,7 +137,6 @@ def request_spec(
     for name in ("ttft_slo", "tbt_slo", "jct_slo"):
         value = getattr(r, name) if r.HasField(name) else slo_defaults.get(name)
         if value is not None:
-            if not (math.isfinite(value) and value > 0):
-                raise InvalidInput(f"{name}: must be a positive number of seconds, got {value}")
+            check_slo(name, value, limits.inputs)
             setattr(spec, name, value)
     return spec

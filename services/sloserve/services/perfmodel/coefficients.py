@@ -1,10 +1,12 @@
 """Published coefficients: a JSON value under ``Keys.coefficients`` and a pub/sub message
 on the channel of the same name. Schedulers load the key, then follow the channel, and
-predict locally (no RPC per decision)."""
+predict locally (no RPC per decision). Through a Redis outage a follower keeps the
+coefficients it has and resubscribes (then reloads the key) when Redis is back."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,6 +17,7 @@ from sloserve.perf.hardware import Hardware, get_hardware
 from sloserve.perf.models import get_model
 from sloserve.perf.regression import AscendraRegression
 from sloserve.services.proto import perfmodel_pb2
+from sloserve.services.redisconn import REDIS_ERRORS, Outage
 
 
 @dataclass(slots=True)
@@ -53,21 +56,43 @@ def regression_for(model: str, hardware: str, window: int = 4096) -> AscendraReg
 
 
 async def follow(
-    redis: aioredis.Redis, key: str, apply: Callable[[Published], None], wait_s: float = 0.0
+    redis: aioredis.Redis, key: str, apply: Callable[[Published], None], wait_s: float = 0.0,
+    outage: Outage | None = None,
 ) -> asyncio.Task[None]:
-    """Apply the current coefficients (waiting up to ``wait_s`` for a first fit), then
-    keep applying every update in a background task, which is returned."""
-    pubsub = redis.pubsub()
-    await pubsub.subscribe(key)
-    deadline = asyncio.get_running_loop().time() + wait_s
-    while (raw := await redis.get(key)) is None and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.1)
-    if raw is not None:
+    """Apply the current coefficients (waiting up to ``wait_s`` for a first fit, or for
+    Redis), then keep applying every update in a background task, which is returned.
+    The task never ends on a Redis error: it resubscribes with backoff."""
+    outage = outage or Outage("coefficients")
+    applied = asyncio.Event()
+
+    def take(raw: bytes | str) -> None:
         apply(Published.from_json(raw))
+        applied.set()
+
+    async def follow_once() -> None:
+        pubsub = redis.pubsub()
+        try:
+            await pubsub.subscribe(key)  # first: no fit published after the GET is missed
+            raw = await redis.get(key)
+            outage.ok()
+            if raw is not None:
+                take(raw)
+            async for msg in pubsub.listen():
+                if msg["type"] == "message":
+                    take(msg["data"])
+        finally:
+            with contextlib.suppress(*REDIS_ERRORS, OSError):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def run() -> None:
-        async for msg in pubsub.listen():
-            if msg["type"] == "message":
-                apply(Published.from_json(msg["data"]))
+        while True:
+            try:
+                await follow_once()
+            except REDIS_ERRORS as exc:
+                await outage.failed(exc)
+                await asyncio.sleep(outage.delay())
 
-    return asyncio.create_task(run())
+    task = asyncio.create_task(run())
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(applied.wait(), wait_s)
+    return task

@@ -3,6 +3,10 @@
 Reads every batch the executors append (``XREAD``), keeps the regression's
 sliding window, refits every ``--refit-interval`` seconds when new samples
 arrived, and publishes. ``WatchCoefficients`` streams each new fit.
+
+Through a Redis outage it keeps serving the fit it has (gRPC), retries with
+backoff, and when Redis is back reads on from the last sample it saw and
+publishes its current fit again (a Redis that came back empty has none).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
 from sloserve.services.proto import SERVICE_NAMES, perfmodel_grpc, perfmodel_pb2
+from sloserve.services.redisconn import REDIS_ERRORS, Outage, connect
 from sloserve.services.store import Keys
 
 WINDOW = 4096
@@ -36,6 +41,8 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
         self.current = self._published(0)
         self._watchers: set[asyncio.Queue[Published]] = set()
         self.log = obs.setup_logging("perfmodel")
+        self.outage = Outage("samples_reader", self.log)
+        self.unpublished = False  # the current fit is not (or may not be) in Redis
 
     def _published(self, version: int) -> Published:
         mape = self.reg.mape(self.window[-WINDOW:]) if self.window else 0.0
@@ -73,12 +80,23 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
 
     # --- loops ----------------------------------------------------------------
     async def consume(self, refit_interval: float) -> None:
+        """Read samples and refit for ever; a Redis error pauses it (backoff), never ends it."""
         last_id = "0"
         next_fit = time.monotonic()
         fresh = 0
         while True:
             block_ms = max(1, int((next_fit - time.monotonic()) * 1000))
-            reply = await self.redis.xread({self.keys.samples: last_id}, count=5000, block=block_ms)
+            try:
+                if self.unpublished:
+                    await self._publish()
+                reply = await self.redis.xread({self.keys.samples: last_id}, count=5000,
+                                               block=block_ms)
+                self.outage.ok()
+            except REDIS_ERRORS as exc:
+                await self.outage.failed(exc)
+                self.unpublished = self.current.version > 0
+                await asyncio.sleep(self.outage.delay())
+                continue
             streams: Any = reply or []
             for _stream, entries in streams:
                 for entry_id, fields in entries:
@@ -97,19 +115,27 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
     async def _refit(self) -> None:
         self.reg.refit()
         self.current = self._published(self.current.version + 1)
+        for q in self._watchers:
+            q.put_nowait(self.current)
+        self.log.info("refit", version=self.current.version, samples=self.reg.num_samples,
+                      mape=round(self.current.mape, 4), coefficients=self.current.values)
+        self.unpublished = True
+        try:
+            await self._publish()
+        except REDIS_ERRORS as exc:  # published by the read loop once Redis is back
+            await self.outage.failed(exc)
+
+    async def _publish(self) -> None:
         raw = self.current.to_json()
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.coefficients, raw)
             pipe.publish(self.keys.coefficients, raw)
             await pipe.execute()
-        for q in self._watchers:
-            q.put_nowait(self.current)
-        self.log.info("refit", version=self.current.version, samples=self.reg.num_samples,
-                      mape=round(self.current.mape, 4), coefficients=self.current.values)
+        self.unpublished = False
 
 
 async def serve(args: argparse.Namespace) -> None:
-    redis = aioredis.Redis.from_url(args.redis_url)
+    redis = connect(args.redis_url)
     svc = PerfModelService(args.model, args.gpu, redis, Keys(args.prefix))
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["perfmodel"],

@@ -6,8 +6,6 @@ import argparse
 import asyncio
 import gc
 
-import redis.asyncio as aioredis
-
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.policies import Policy, get_spec, policy_names
@@ -15,6 +13,7 @@ from sloserve.policies.flags import add_policy_flags, config_from_args
 from sloserve.services import obs, rpc
 from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
+from sloserve.services.redisconn import Outage, connect
 from sloserve.services.scheduler import loop
 from sloserve.services.scheduler.clock import make_clock
 from sloserve.services.scheduler.server import SchedulerService
@@ -35,7 +34,7 @@ async def _describe(
 
 async def serve(args: argparse.Namespace) -> None:
     policy = policy_from_args(args)  # a bad knob fails before any connection
-    redis = aioredis.Redis.from_url(args.redis_url)
+    redis = connect(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
@@ -47,6 +46,7 @@ async def serve(args: argparse.Namespace) -> None:
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
     svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log)
+    store.live, store.outage.log = svc.live_requests, svc.log
 
     def apply(c: Published) -> None:
         perf_model.set_coefficients(c.values)
@@ -54,8 +54,9 @@ async def serve(args: argparse.Namespace) -> None:
 
     tasks = []
     if args.perf_model == "online":  # roofline: the uncalibrated model, frozen (tests)
-        tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait))
-    svc.restore(await store.restore())
+        tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait,
+                                  outage=Outage("coefficients", svc.log)))
+    svc.restore(await store.outage.until_ok(store.restore))  # waits for Redis: never guess
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["scheduler"],
         lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
@@ -70,7 +71,7 @@ async def serve(args: argparse.Namespace) -> None:
     try:
         await rpc.serve_until_signal(server, tasks)
     finally:
-        await asyncio.wait_for(store.flush(), 2.0)
+        await store.close(2.0)
         await redis.aclose()
 
 

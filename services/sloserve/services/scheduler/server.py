@@ -99,6 +99,15 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.freed.append(request_id)
         self.store.forget(request_id)
 
+    def live_requests(self) -> list[tuple[common_pb2.RequestSpec, list[int]]]:
+        """Every accepted request still here, with all its tokens (a Redis snapshot)."""
+        out = []
+        for rid, spec in self.specs.items():
+            req = self.instance.requests.get(rid)
+            tokens = req.output_token_ids if req is not None else None
+            out.append((spec, list(tokens if tokens is not None else spec.generated_token_ids)))
+        return out
+
     def restore(self, saved: list[tuple[common_pb2.RequestSpec, list[int]]]) -> None:
         for spec, tokens in saved:
             if len(tokens) >= spec.max_tokens:  # finished before the crash was recorded

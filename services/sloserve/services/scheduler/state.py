@@ -11,21 +11,34 @@ most every ``FLUSH_INTERVAL_S``), so Redis work overlaps the batch instead of
 delaying the next plan, and the loop never waits on Redis. A write lost in a
 crash is harmless: the gateway re-announces its in-flight requests
 on reconnect (``Hello``) and token indices make replays idempotent.
+
+Redis outages: the scheduler keeps serving from memory (the core ``Instance`` is
+the record). When a flush fails, the queued writes are discarded and the writer
+retries, with backoff, a *snapshot* instead: every live request's spec and
+tokens (``live``), and the removal of every id Redis lists that is no longer
+live. A snapshot is idempotent (SET, DEL + RPUSH of all tokens, ZADD), so it is
+safe to resend whether the failed pipeline ran, half ran or never ran, and it
+restores durability whether Redis came back with its data or empty. Memory is
+bounded by the live requests (nothing accumulates while Redis is down but the
+writes queued since the last attempt, which the next snapshot supersedes).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
 
 from sloserve.services.proto import common_pb2
+from sloserve.services.redisconn import REDIS_ERRORS, Outage
 from sloserve.services.store import Keys
 
 Op = Callable[[Pipeline], object]
+Live = Callable[[], Iterable[tuple[common_pb2.RequestSpec, list[int]]]]  # (spec, tokens)
 FLUSH_INTERVAL_S = 0.02
 PIPELINE_OPS = 32  # ops per pipeline: the event loop runs between pipelines (the next
 # executor result is not held up behind one long command-packing stretch)
@@ -38,6 +51,10 @@ class RequestStore:
         self._tokens: dict[str, list[int]] = {}  # appended since their last queued op
         self._last_flush = 0.0
         self._wanted = asyncio.Event()
+        self.live: Live = lambda: ()  # the scheduler binds its requests (snapshots)
+        self.dirty = False  # a flush failed: Redis may lack or hold stale writes
+        self.outage = Outage("scheduler_state")
+        self.snapshots = 0
 
     async def restore(self) -> list[tuple[common_pb2.RequestSpec, list[int]]]:
         """Every accepted, unfinished request of this instance, by arrival."""
@@ -88,24 +105,65 @@ class RequestStore:
                 toks.append(t)
 
     def forget(self, request_id: str) -> None:
+        self._queue(request_id, self._drop_op(request_id))
+
+    def _drop_op(self, request_id: str) -> Op:
         k, i = self.keys, self.instance_id
 
         def op(p: Pipeline) -> None:
             p.delete(k.request(i, request_id), k.tokens(i, request_id))
-            p.zrem(k.queue(self.instance_id), request_id)
+            p.zrem(k.queue(i), request_id)
 
-        self._queue(request_id, op)
+        return op
 
     async def flush(self) -> None:
-        """Send every queued write, in order, in pipelines of ``PIPELINE_OPS``."""
+        """Send every queued write, in order, in pipelines of ``PIPELINE_OPS``; after
+        a failed flush, a snapshot instead (raises the Redis error if it fails)."""
+        if self.dirty:
+            await self.snapshot()
+            return
         ops, self._ops = self._ops, []
         ops += [self._push(r, toks) for r, toks in self._tokens.items()]
         self._tokens = {}
+        try:
+            await self._send(ops)
+        except REDIS_ERRORS:
+            self.dirty = True
+            raise
+
+    async def _send(self, ops: list[Op]) -> None:
         for k in range(0, len(ops), PIPELINE_OPS):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for op in ops[k:k + PIPELINE_OPS]:
                     op(pipe)
                 await pipe.execute()
+
+    async def snapshot(self) -> None:
+        """Make Redis hold exactly the live requests (idempotent; clears ``dirty``)."""
+        self._ops, self._tokens = [], {}  # superseded by the state read just below
+        live = {spec.request_id: (spec, list(tokens)) for spec, tokens in self.live()}
+        k, i = self.keys, self.instance_id
+        ops: list[Op] = []
+        for rid, (spec, tokens) in live.items():
+            raw = spec.SerializeToString()
+
+            def put(p: Pipeline, rid: str = rid, raw: bytes = raw, toks: list[int] = tokens,
+                    at: float = spec.arrival_time) -> None:
+                p.set(k.request(i, rid), raw)
+                p.delete(k.tokens(i, rid))
+                if toks:
+                    p.rpush(k.tokens(i, rid), *toks)
+                p.zadd(k.queue(i), {rid: at})
+
+            ops.append(put)
+        known: Any = await self.redis.zrange(k.queue(i), 0, -1)
+        for raw_id in known:
+            rid = raw_id.decode()
+            if rid not in live:
+                ops.append(self._drop_op(rid))
+        await self._send(ops)
+        self.dirty = False
+        self.snapshots += 1
 
     def kick(self, now: float, interval: float = FLUSH_INTERVAL_S) -> None:
         """Let the writer send what is queued (``now``: a monotonic clock)."""
@@ -114,7 +172,20 @@ class RequestStore:
             self._wanted.set()
 
     async def flush_forever(self) -> None:
+        """Send queued writes when kicked; through a Redis outage, retry with backoff
+        (snapshots) until Redis is back. Never raises a Redis error."""
         while True:
             await self._wanted.wait()
             self._wanted.clear()
-            await self.flush()
+            try:
+                await self.flush()
+            except REDIS_ERRORS as exc:
+                await self.outage.failed(exc)
+                await self.outage.until_ok(self.snapshot)
+
+    async def close(self, timeout: float) -> None:
+        """Best-effort final flush on shutdown (Redis may be down: then nothing is sent)."""
+        try:
+            await asyncio.wait_for(self.flush(), timeout)
+        except (RedisError, TimeoutError) as exc:
+            self.outage.log.warning("final_flush_failed", error=f"{type(exc).__name__}: {exc}")
