@@ -45,6 +45,7 @@ class Instance:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions = 0
+        self._batch_end_hook = type(policy).on_batch_end is not Policy.on_batch_end
 
     # --- queries ---------------------------------------------------------
     @property
@@ -187,5 +188,6 @@ class Instance:
         if sampled is not None:
             for ev in events:
                 ev.token_id = sampled[ev.request_id]
-        self.policy.on_batch_end(self.view(end_time), plan)
+        if self._batch_end_hook:  # most policies have none: skip building their view
+            self.policy.on_batch_end(self.view(end_time), plan)
         return events
