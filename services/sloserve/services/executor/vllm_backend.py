@@ -11,8 +11,9 @@ Contract (as the ``torch`` backend, ``docs/torch-executor.md``): an item runs
 backend has computed for the request; the block table must cover
 ``context_len + num_tokens`` with ids in ``[0, kv_capacity_blocks)``; a bad
 plan raises ``ValueError`` naming the request before anything runs. A request
-joins with its prompt plus any tokens generated before a preemption or
-restart (recompute). Stopping is ours: a stop id, EOS (unless
+joins (``added``) with its prompt plus any tokens generated before a
+restart; after ``preempted`` it keeps its tokens and its next item recomputes
+them from context 0 (vLLM's recompute preemption). Stopping is ours: a stop id, EOS (unless
 ``ignore_eos``), or ``max_tokens`` output tokens.
 """
 
@@ -44,6 +45,7 @@ class _Seq:
     in_runner: bool = False
     runner_blocks: list[int] = field(default_factory=list)  # the table vLLM holds
     runner_outputs: int = 0  # tokens vLLM sampled for it (its output_token_ids)
+    resume: bool = False  # preempted while in the runner: send the whole new table
 
 
 def sampling_of(s: common_pb2.Sampling) -> SeqSampling:
@@ -121,8 +123,14 @@ class VllmEngine:
             self.runner.step([], [], {}, drop)
 
     def preempted(self, rid: str) -> None:
-        """Recompute: drop the KV; the scheduler re-adds the sequence with its tokens."""
-        self.free(rid)
+        """Recompute (vLLM's preemption): the KV is gone, the tokens stay; the next item
+        recomputes them from context 0 and vLLM resumes the request with a new block table
+        (its sampler state, e.g. a seeded generator, carries on)."""
+        seq = self._seqs.get(rid)
+        if seq is None:
+            raise ValueError(f"preempted: unknown request {rid!r}")
+        seq.num_computed = 0
+        seq.resume = seq.in_runner
 
     def output_ids(self, rid: str) -> list[int]:
         seq = self._seqs[rid]
@@ -179,10 +187,11 @@ class VllmEngine:
                                    it.context_len))
             else:
                 n = len(seq.runner_blocks)
-                append = table[:n] == seq.runner_blocks
+                append = not seq.resume and table[:n] == seq.runner_blocks
                 cached.append(CachedSeq(it.request_id, it.context_len,
                                         table[n:] if append else table, not append,
                                         seq.runner_outputs))
+                seq.resume = False
             seq.runner_blocks = table
             seq.in_runner = True
         drop, self._drop = self._drop, set()
