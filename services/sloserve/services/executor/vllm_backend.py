@@ -230,6 +230,7 @@ class VllmBackend:
         dtype: str = "bfloat16",
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
+        threads: int | None = None,
         **_: object,
     ) -> None:
         from sloserve.services.executor.vllm_adapter import require_supported
@@ -241,7 +242,8 @@ class VllmBackend:
         self.model_dir = resolve(model, weights)
         self.engine = VllmEngine(VllmRunner(
             self.model_dir, dtype=dtype, block_size=block_size, num_blocks=num_blocks,
-            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed))
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
+            threads=threads))
         self._lock = threading.Lock()  # the warm-up sweep runs in a thread at startup
 
     def describe(self) -> executor_pb2.ExecutorDescription:

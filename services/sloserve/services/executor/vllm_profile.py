@@ -84,3 +84,29 @@ def profile_batch(
         for rid in rids:
             engine.free(rid)
         engine.flush()
+
+
+class VllmProfiled:
+    """``sloserve profile --backend vllm``: the executor backend's engine, timed per shape."""
+
+    def __init__(self, model: str, weights: str | None, dtype: str, seed: int,
+                 threads: int | None, max_num_batched_tokens: int) -> None:
+        from sloserve.services.executor.vllm_backend import VllmBackend
+
+        self.backend = VllmBackend(model, weights=weights, dtype=dtype, seed=seed,
+                                   threads=threads, max_num_batched_tokens=max_num_batched_tokens)
+        self.engine = self.backend.engine
+        self.num_blocks, self.block_size = self.engine.num_blocks, self.engine.block_size
+        self.weights_loaded = True
+        self._shape = perf_shape(self.backend.model_dir, model, 4 if dtype == "float32" else 2)
+
+    @property
+    def perf_shape(self) -> ModelShape:
+        return self._shape
+
+    @property
+    def name(self) -> str:
+        return self._shape.name
+
+    def profile_batch(self, shape: BatchShape, clock: Callable[[], float]) -> float:
+        return profile_batch(self.engine, shape, clock)
