@@ -15,6 +15,9 @@ loading and a small warm-up batch excluded). Sides:
   plans of our real ``Instance`` with the ``vllm`` policy (FCFS,
   prefill-first, as vLLM schedules) or the ``sarathi`` policy (512-token
   budget), in-process (:class:`PlanDriver`, no gRPC): the engine path alone;
+* ``sloserve-vllm-grpc``: the same plans (``vllm`` policy) sent over gRPC to
+  the executor service (``python -m sloserve.services.executor --backend
+  vllm``), one ``Execute`` stream as the scheduler holds it;
 * ``sloserve-torch``: our ``TorchEngine`` (``--backend torch``, float32),
   ``vllm`` policy.
 
@@ -28,6 +31,7 @@ shared machine hits every side in turn. Writes ``--out`` (JSON).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import subprocess
@@ -36,11 +40,63 @@ import time
 from pathlib import Path
 from typing import Any
 
-SIDES = ("stock", "stock-inproc", "sloserve-vllm", "sloserve-vllm-sarathi", "sloserve-torch")
+SIDES = ("stock", "stock-inproc", "sloserve-vllm", "sloserve-vllm-sarathi", "sloserve-vllm-grpc",
+         "sloserve-torch")
 TEXT = ("The history of the city begins with a small settlement on the river, where traders "
         "met to exchange salt, grain and wool. Over the centuries the market grew into a town, "
         "the town into a city, and the city into the capital of a large and busy country whose "
         "roads, canals and railways all led back to the old bridge by the harbour.")
+
+
+class GrpcBackend:
+    """The executor service over gRPC: ``Describe`` and one ``Execute`` stream (as the
+    scheduler holds it), so a ``PlanDriver`` measures the engine path plus the service."""
+
+    def __init__(self, address: str) -> None:
+        import queue
+
+        import grpc
+
+        from sloserve.services.proto import executor_grpc, executor_pb2
+
+        self._pb = executor_pb2
+        self._channel = grpc.insecure_channel(address)
+        self._stub = executor_grpc.ExecutorStub(self._channel)
+        self._q: queue.Queue[Any] = queue.Queue()
+        self._results = self._stub.Execute(iter(self._q.get, None))
+
+    def describe(self) -> Any:
+        return self._stub.Describe(self._pb.DescribeRequest(), timeout=600)
+
+    def execute(self, plan: Any) -> Any:
+        from sloserve.services.executor.backends import Step
+
+        self._q.put(plan)
+        res = next(self._results)
+        return Step({t.request_id: t.token_id for t in res.tokens}, set(res.stopped),
+                    res.duration_s)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._channel.close()
+
+
+def start_executor() -> tuple[Any, str]:
+    """``python -m sloserve.services.executor --backend vllm`` on a free port."""
+    from sloserve.services.proto import SERVICE_NAMES
+    from sloserve.services.rpc import wait_healthy
+    from sloserve.services.store import free_port
+
+    port = free_port("127.0.0.1")
+    redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sloserve.services.executor", "--host", "127.0.0.1", "--port",
+         str(port), "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
+         "--redis-url", redis_url, "--prefix", f"bench-engine:{os.getpid()}"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    address = f"127.0.0.1:{port}"
+    wait_healthy(address, SERVICE_NAMES["executor"], 600)
+    return proc, address
 
 
 def prompts(tokenizer_json: str, n: int) -> list[list[int]]:
@@ -74,8 +130,8 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
 
         # the KV cache our backend gets by default: vLLM's own default reserves 92 % of
         # the node's memory, which a shared machine does not have
-        llm = LLM(model=str(model_dir), dtype=args.dtype, seed=0, kv_cache_memory_bytes=CPU_KV_BYTES,
-                  enforce_eager=not args.compile)
+        llm = LLM(model=str(model_dir), dtype=args.dtype, seed=0,
+                  kv_cache_memory_bytes=CPU_KV_BYTES, enforce_eager=not args.compile)
         load_s = time.perf_counter() - t0
 
         def gen(ps: list[list[int]], n: int) -> int:
@@ -88,8 +144,13 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         from sloserve.services.executor.plan_driver import PlanDriver
         from sloserve.services.proto import common_pb2
 
+        backend: Any
         if side == "sloserve-torch":
             backend = make_backend("torch", model="smollm2-135m", gpu="cpu")
+        elif side == "sloserve-vllm-grpc":
+            proc, address = start_executor()
+            atexit.register(proc.terminate)
+            backend = GrpcBackend(address)
         else:
             backend = make_backend("vllm", model="smollm2-135m", gpu="cpu", dtype=args.dtype)
         load_s = time.perf_counter() - t0
@@ -144,9 +205,8 @@ def main() -> int:
                 print(res.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"side {side} failed (exit {res.returncode})")
             out = json.loads(line[-1][len("RESULT "):])
-            print(f"round {r + 1} {side:<22} {out['tok_per_s']:8.1f} tok/s "
-                  f"({out['tokens']} tokens in {out['wall_s']:.1f} s; load {out['loadavg_1m']:.1f})",
-                  flush=True)
+            print(f"round {r + 1} {side:<22} {out['tok_per_s']:8.1f} tok/s ({out['tokens']} "
+                  f"tokens in {out['wall_s']:.1f} s; load {out['loadavg_1m']:.1f})", flush=True)
             row.append(out)
         rounds.append(row)
     summary: dict[str, Any] = {"per_round": []}

@@ -54,7 +54,8 @@ def set_cpu_threads(threads: int | None = None) -> int:
     import torch
 
     n = threads or serving_threads()
-    torch.set_num_threads(n)
+    # torch._C's own function: vLLM's CPU worker replaces torch.set_num_threads by a no-op
+    cast(Any, torch)._C.set_num_threads(n)
     return n
 
 
@@ -203,6 +204,15 @@ class VllmRunner:
         """One forward pass + sampling; the token sampled for each request that completed
         its tokens (partial prefill chunks sample nothing). ``finished`` are dropped first."""
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+
+        if self.threads:
+            # OpenMP thread counts are per calling thread (the executor service runs its
+            # warm-up sweep in a worker thread): vLLM's CPU attention checks that the count
+            # it planned with is the count it runs with
+            import torch
+
+            if torch.get_num_threads() != self.threads:
+                set_cpu_threads(self.threads)
 
         fresh: list[int] = []
         new_reqs = []
