@@ -97,6 +97,8 @@ class Stack:
             "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
         roles = ["lp"] * (c.instances - c.hp_instances) + ["hp"] * c.hp_instances
+        # a vLLM executor answers Describe only once vLLM is imported and the model loaded
+        wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == "vllm" else []
         scheds = []
         for k, role in enumerate(roles):
             iid = f"{role}{k}"
@@ -114,7 +116,7 @@ class Stack:
                 "--policy", c.policy_name(role), "--token-budget", str(c.token_budget),
                 "--max-num-seqs", str(c.max_num_seqs[role]),
                 "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
-                *common), f"{h}:{ps}", "scheduler")
+                *wait, *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
