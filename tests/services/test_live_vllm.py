@@ -1,4 +1,4 @@
-"""End to end on vLLM: SDK -> gateway -> scheduler -> executor (``--backend vllm``, SmolLM2, CPU)."""
+"""End to end on vLLM: SDK -> gateway -> scheduler -> executor (`--backend vllm`, SmolLM2)."""
 
 from __future__ import annotations
 
