@@ -118,7 +118,7 @@ class Stack:
                 "--offload-threshold", str(c.offload_threshold), "--executor", f"{h}:{pe}",
                 *wait, *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
-        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds]
+        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{h}:{c.gateway_port}", "gateway")
 
