@@ -12,6 +12,10 @@ speaks the scheduler's Connect stream itself), which leaves the CPU to the
 scheduler and executor on a small machine.
 
     python infra/bench/overhead.py --policy sarathi --requests 1100 [--direct]
+
+``--backends sim,vllm`` measures the same on each backend, one stack after the
+other in this run (``vllm``: vLLM's engine on SmolLM2-135M, CPU; its
+iterations are real forward passes, so they are fewer per second).
 """
 
 from __future__ import annotations
@@ -77,7 +81,8 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
         for t in tasks:
             t.cancel()
     return {"mode": "direct" if args.direct else "sdk+gateway",
-        "policy": args.policy, "requests": args.requests, "waiting": st.num_waiting,
+        "backend": stack.cfg.backend, "policy": args.policy, "requests": args.requests,
+        "waiting": st.num_waiting,
         "running": st.num_running, "iterations": st.iterations - first.iterations,
         "overhead_p50_ms": st.overhead_p50_s * 1e3, "overhead_p99_ms": st.overhead_p99_s * 1e3,
         "schedule_p50_ms": st.schedule_p50_s * 1e3, "schedule_p99_ms": st.schedule_p99_s * 1e3,
@@ -96,12 +101,20 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--redis-url", default=None)
     p.add_argument("--direct", action="store_true", help="be the gateway (no SDK streams)")
+    p.add_argument("--backends", default="sim", help="comma list of sim, vllm")
+    p.add_argument("--vllm-model", default="smollm2-135m")
     args = p.parse_args()
-    cfg = StackConfig(policy=args.policy, gateway_port=free_port(), num_blocks=args.num_blocks,
-                      time_scale=args.time_scale, redis_url=args.redis_url,
-                      log_dir=Path(tempfile.mkdtemp(prefix="sloserve-overhead-")))
-    with Stack(cfg) as stack:
-        print(json.dumps(asyncio.run(measure(stack, args))))
+    for backend in args.backends.split(","):
+        if backend not in ("sim", "vllm"):
+            p.error(f"--backends: unknown {backend!r}; use sim and/or vllm")
+        kw: dict[str, object] = (
+            {"num_blocks": args.num_blocks, "time_scale": args.time_scale} if backend == "sim"
+            else {"backend": "vllm", "model": args.vllm_model, "gpu": "cpu"})
+        cfg = StackConfig(policy=args.policy, gateway_port=free_port(), redis_url=args.redis_url,
+                          log_dir=Path(tempfile.mkdtemp(prefix="sloserve-overhead-")),
+                          **kw)  # type: ignore[arg-type]
+        with Stack(cfg) as stack:
+            print(json.dumps(asyncio.run(measure(stack, args))), flush=True)
 
 
 if __name__ == "__main__":

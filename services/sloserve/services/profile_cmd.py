@@ -1,4 +1,8 @@
-"""``sloserve profile``: measure the torch executor's batch times and fit Ascendra's regression.
+"""``sloserve profile``: measure an executor's batch times and fit Ascendra's regression.
+
+``--backend torch`` times our ``TorchEngine``; ``--backend vllm`` times vLLM's
+engine driven exactly as the ``vllm`` executor backend drives it
+(``sloserve.services.executor.vllm_profile``).
 
 vLLM-style profiling run on the real engine: a sweep of prefill-only,
 decode-only and mixed batches with varied context, each timed in
@@ -24,11 +28,13 @@ import math
 import os
 import random
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.perf.hardware import Hardware, register_hardware
 from sloserve.perf.measured import MeasuredTiming, save_samples
+from sloserve.perf.models import ModelShape
 from sloserve.perf.regression import AscendraRegression
 
 _PREFILL_CHUNKS = (8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
@@ -54,13 +60,16 @@ def _int_at_least(low: int) -> Any:
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "profile", help="time batch shapes on the torch executor and fit the Ascendra regression"
+        "profile", help="time batch shapes on a real executor and fit the Ascendra regression"
     )
-    p.add_argument("--backend", choices=("torch",), default="torch")
+    p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
+                   help="torch: our TorchEngine; vllm: vLLM's engine driven as our executor")
     p.add_argument("--model", default="tiny", help="preset (tiny, smollm2-135m, llama-3-8b, ...)")
-    p.add_argument("--weights", default=None, help="HF directory or .gguf (default: random init)")
+    p.add_argument("--weights", default=None,
+                   help="HF directory or .gguf (default: random init; vllm: the prepared model)")
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
-    p.add_argument("--dtype", default=None, help="float32 (cpu default) | bfloat16 (cuda default)")
+    p.add_argument("--dtype", default=None,
+                   help="torch: float32 (cpu default) | bfloat16 (cuda default); vllm: bfloat16")
     p.add_argument("--max-tokens", type=_int_at_least(8), default=None,
                    help="largest batch in tokens (default 512 on cpu, 4096 on cuda)")
     p.add_argument("--max-context", type=_int_at_least(16), default=None,
@@ -68,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--repeats", type=_int_at_least(1), default=5,
                    help="timings per shape; the fastest is kept")
     p.add_argument("--threads", type=_int_at_least(1), default=None,
-                   help="torch CPU threads (default 1 on cpu)")
+                   help="torch CPU threads (default 1 on cpu; vllm: as its executor, cores - 1)")
     p.add_argument("--clock", choices=("wall", "cpu"), default=None,
                    help="wall time (cuda default, synchronised) or process CPU time (cpu default)")
     p.add_argument("--seed", type=int, default=0)
@@ -141,24 +150,68 @@ def measure_hardware(device: str, dtype: str) -> Hardware:
     return Hardware(dev.type, flops, bandwidth, mem)
 
 
+class _Engine(Protocol):
+    """What the sweep needs from an engine (``TorchEngine`` or the vLLM profiler)."""
+
+    num_blocks: int
+    block_size: int
+    weights_loaded: bool
+
+    @property
+    def perf_shape(self) -> ModelShape: ...
+
+    @property
+    def name(self) -> str: ...
+
+    def profile_batch(self, shape: BatchShape, clock: Callable[[], float]) -> float: ...
+
+
+class _TorchProfiled:
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.num_blocks, self.block_size = engine.num_blocks, engine.block_size
+        self.weights_loaded = bool(engine.weights_loaded)
+
+    @property
+    def perf_shape(self) -> ModelShape:
+        shape: ModelShape = self.engine.perf_shape
+        return shape
+
+    @property
+    def name(self) -> str:
+        return str(self.engine.config.name)
+
+    def profile_batch(self, shape: BatchShape, clock: Callable[[], float]) -> float:
+        return float(self.engine.profile_batch(shape, clock))
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
-
-    from sloserve.model.engine import TorchEngine
 
     cuda = args.device.startswith("cuda")
     clock_name = args.clock or ("wall" if cuda else "cpu")
     if cuda and clock_name == "cpu":
         raise ValueError("--clock: cpu time does not measure CUDA kernels; use --clock wall")
     clock = time.perf_counter if clock_name == "wall" else time.process_time
-    if args.threads or not cuda:
-        torch.set_num_threads(args.threads or 1)
-    dtype = args.dtype or ("bfloat16" if cuda else "float32")
     max_tokens = args.max_tokens or (4096 if cuda else 512)
-    engine = TorchEngine(args.model, weights=args.weights, device=args.device, dtype=dtype,
-                         seed=args.seed, max_num_batched_tokens=max_tokens)
+    engine: _Engine
+    if args.backend == "vllm":
+        from sloserve.services.executor.vllm_profile import VllmProfiled
+
+        dtype = args.dtype or "bfloat16"
+        engine = VllmProfiled(args.model, args.weights, dtype, args.seed, args.threads,
+                              max_num_batched_tokens=max(max_tokens, 2048))
+    else:
+        from sloserve.model.engine import TorchEngine
+
+        if args.threads or not cuda:
+            torch.set_num_threads(args.threads or 1)
+        dtype = args.dtype or ("bfloat16" if cuda else "float32")
+        engine = _TorchProfiled(TorchEngine(
+            args.model, weights=args.weights, device=args.device, dtype=dtype, seed=args.seed,
+            max_num_batched_tokens=max_tokens))
     max_context = min(args.max_context or (4096 if cuda else 1024),
-                      engine.config.shape.max_context - 1)
+                      engine.perf_shape.max_context - 1)
     capacity = engine.num_blocks * engine.block_size
     shapes = [
         s for s in sweep_shapes(max_tokens, max_context, args.seed)
@@ -168,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
     hw = measure_hardware(args.device, dtype)
     register_hardware(hw)
     for shape in shapes[:: max(1, len(shapes) // 8)]:  # warm-up: allocator, kernels, caches
-        engine.profile_batch(shape)
+        engine.profile_batch(shape, clock)
     rng = random.Random(args.seed)
     best = [math.inf] * len(shapes)
     for _ in range(args.repeats):  # rounds in shuffled order: a busy spell hits no shape twice
@@ -190,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         "samples": len(samples),
         "mape_holdout": reg.mape(holdout),
         "coefficients": list(reg.coefficients),
-        "model": engine.config.name,
+        "model": engine.name,
+        "backend": args.backend,
         "device": args.device,
         "dtype": dtype,
         "threads": torch.get_num_threads(),
@@ -202,8 +256,9 @@ def run(args: argparse.Namespace) -> int:
         "samples_file": None,
     }
     if args.out:
-        save_samples(args.out, samples, hw, model=engine.config.name, device=args.device,
-                     dtype=dtype, threads=torch.get_num_threads(), clock=clock_name)
+        save_samples(args.out, samples, hw, model=engine.name, device=args.device,
+                     dtype=dtype, threads=torch.get_num_threads(), clock=clock_name,
+                     backend=args.backend)
         result["samples_file"] = args.out
     if args.json:
         print(json.dumps(result))

@@ -23,6 +23,8 @@ from sloserve.policies.flags import config_to_argv
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
+VLLM_START_S = 300.0
+
 
 @dataclass(slots=True)
 class StackConfig:
@@ -55,8 +57,8 @@ class StackConfig:
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
-        if self.backend not in ("sim", "torch"):
-            raise ValueError(f"backend: must be sim or torch, got {self.backend!r}")
+        if self.backend not in ("sim", "torch", "vllm"):
+            raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
 
     def resolved_policy_config(self) -> PolicyConfig:
         """The config every scheduler gets, SLO-dependent defaults filled in as ``simulate``
@@ -100,6 +102,8 @@ class Stack:
             "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
         knobs = config_to_argv(c.resolved_policy_config())
+        # a vLLM executor answers Describe only once vLLM is imported and the model loaded
+        wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == "vllm" else []
         scheds = []
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = free_port(h), free_port(h)
@@ -118,10 +122,10 @@ class Stack:
                 "scheduler", ps, "--instance-id", iid, "--role", role, "--policy", c.policy,
                 "--num-hp", str(c.hp_instances), *knobs, "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
-                "--perf-model", c.perf_model,
+                "--perf-model", c.perf_model, *wait,
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
-        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *scheds,
+        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
               "--clock", c.clock, *self._decision_log("gateway")]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{h}:{c.gateway_port}", "gateway")
@@ -136,6 +140,8 @@ class Stack:
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health])
 
     def start(self, timeout: float = 60.0) -> Stack:
+        if self.cfg.backend == "vllm":  # importing vLLM, maybe preparing the model: minutes
+            timeout = max(timeout, VLLM_START_S)
         if not self.redis_url:
             self.embedded = EmbeddedRedis()
             self.redis_url = self.embedded.url
@@ -174,6 +180,8 @@ class Stack:
         if svc.proc is not None and svc.proc.poll() is None:
             self.kill(name, signal.SIGTERM)
         self.spawn(name)
+        if self.cfg.backend == "vllm":
+            timeout = max(timeout, VLLM_START_S)
         wait_healthy(svc.address, svc.health, timeout)
 
     def exited(self) -> list[str]:

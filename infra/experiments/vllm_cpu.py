@@ -1,0 +1,120 @@
+"""Sim vs live on vLLM's engine: ``simulate --timing-profile`` against ``up --backend vllm``.
+
+1. ``sloserve profile --backend vllm --model smollm2-135m --clock wall`` (the
+   executor's own thread count and clock) fits Ascendra's regression on vLLM
+   batches and saves the samples (``--profile``; reused when present).
+2. ``sloserve up --backend vllm --model smollm2-135m --gpu cpu`` serves one
+   instance; ``sloserve bench`` replays ``--num-requests`` of
+   ``infra/experiments/data/sharegpt_cpu.csv`` (ShareGPT lengths / 8) at
+   ``--qps`` (Poisson, seed 0, exact output lengths).
+3. ``sloserve simulate --timing-profile`` runs the same workload, seed, policy
+   and budget.
+
+Prints and writes (``--out``) TTFT/TBT P50/P99 of both sides and their ratio.
+
+    python infra/experiments/vllm_cpu.py --qps 0.1 --num-requests 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = ROOT / "infra/experiments/data"
+TRACE = DATA / "sharegpt_cpu.csv"
+PROFILE = DATA / "smollm2_vllm_cpu_profile_wall.json"
+OUT = ROOT / "docs/results/vllm_cpu.json"
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+KEYS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_tok_s")
+
+
+def run(cmd: list[str]) -> str:
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-2000:]}")
+    return res.stdout
+
+
+def workload(args: argparse.Namespace) -> list[str]:
+    return ["--trace-file", str(TRACE), "--qps", f"{args.qps:g}",
+            "--num-requests", str(args.num_requests), "--ttft-slo", str(args.ttft_slo),
+            "--tbt-slo", str(args.tbt_slo), "--seed", "0", "--json"]
+
+
+def pick(d: dict[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            for k2, v2 in v.items():
+                flat[f"{k}_{k2}"] = v2
+        else:
+            flat[k] = v
+    return flat
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--policy", default="sarathi")
+    ap.add_argument("--token-budget", type=int, default=256)
+    ap.add_argument("--qps", type=float, default=0.1)
+    ap.add_argument("--num-requests", type=int, default=40)
+    ap.add_argument("--ttft-slo", type=float, default=60.0)
+    ap.add_argument("--tbt-slo", type=float, default=10.0)
+    ap.add_argument("--port", type=int, default=50561)
+    ap.add_argument("--profile", type=Path, default=PROFILE)
+    ap.add_argument("--repeats", type=int, default=2, help="profile: timings per shape")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    prof: dict[str, Any] | None = None
+    if not args.profile.exists():
+        prof = json.loads(run(["sloserve", "profile", "--backend", "vllm", "--model",
+                               "smollm2-135m", "--clock", "wall", "--repeats",
+                               str(args.repeats), "--json", "--out", str(args.profile)]))
+        print("profile:", json.dumps(prof), flush=True)
+    up = subprocess.Popen(
+        ["sloserve", "up", "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
+         "--policy", args.policy, "--token-budget", str(args.token_budget),
+         "--port", str(args.port), "--redis-url", REDIS_URL,
+         "--ttft-slo", str(args.ttft_slo), "--tbt-slo", str(args.tbt_slo)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert up.stdout is not None
+        for line in up.stdout:
+            if line.startswith("gateway ready"):
+                break
+        else:
+            raise SystemExit(f"sloserve up exited: {up.wait()}")
+        time.sleep(5.0)  # the executor's warm-up sweep publishes before plans run
+        start = time.time()
+        live = json.loads(run(["sloserve", "bench", "--target", f"127.0.0.1:{args.port}",
+                               *workload(args)]))
+        live_wall = time.time() - start
+    finally:
+        up.terminate()
+        up.wait(timeout=30)
+    sim = json.loads(run(["sloserve", "simulate", "--policy", args.policy, "--model",
+                          "smollm2-135m", "--gpu", "cpu", "--timing-profile", str(args.profile),
+                          "--token-budget", str(args.token_budget), *workload(args)]))
+    lf, sf = pick(live), pick(sim)
+    rows = {k: {"live": lf.get(k), "sim": sf.get(k),
+                "live_over_sim": (lf[k] / sf[k]) if lf.get(k) and sf.get(k) else None}
+            for k in sorted(set(lf) & set(sf))
+            if isinstance(lf.get(k), (int, float)) and isinstance(sf.get(k), (int, float))}
+    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "profile_fit": prof,
+           "live_wall_s": live_wall, "live": live, "sim": sim, "compare": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    for k, r in rows.items():
+        if any(s in k for s in ("ttft", "tbt", "throughput")):
+            print(f"{k:<28} live {r['live']!s:<24} sim {r['sim']!s:<24} ratio {r['live_over_sim']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
