@@ -20,6 +20,7 @@ SUBCOMMANDS = {
     "profile": "profile_cmd",
     "up": "up_cmd",
     "bench": "bench_cmd",
+    "model": "model_cmd",
 }
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
+VLLM_START_S = 300.0
+
 
 @dataclass(slots=True)
 class StackConfig:
@@ -53,8 +55,8 @@ class StackConfig:
             raise ValueError(f"hp_instances: must be in [0, instances), got {self.hp_instances}")
         if self.hp_instances and self.policy != "ascendra":
             raise ValueError("hp_instances: only the ascendra policy has HP instances")
-        if self.backend not in ("sim", "torch"):
-            raise ValueError(f"backend: must be sim or torch, got {self.backend!r}")
+        if self.backend not in ("sim", "torch", "vllm"):
+            raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
 
     def policy_name(self, role: str) -> str:
         return f"ascendra-{role}" if self.policy == "ascendra" else self.policy
@@ -124,6 +126,8 @@ class Stack:
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health])
 
     def start(self, timeout: float = 60.0) -> Stack:
+        if self.cfg.backend == "vllm":  # importing vLLM, maybe preparing the model: minutes
+            timeout = max(timeout, VLLM_START_S)
         if not self.redis_url:
             self.embedded = EmbeddedRedis()
             self.redis_url = self.embedded.url
@@ -162,6 +166,8 @@ class Stack:
         if svc.proc is not None and svc.proc.poll() is None:
             self.kill(name, signal.SIGTERM)
         self.spawn(name)
+        if self.cfg.backend == "vllm":
+            timeout = max(timeout, VLLM_START_S)
         wait_healthy(svc.address, svc.health, timeout)
 
     def exited(self) -> list[str]:

@@ -25,10 +25,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--policy", default="sarathi")
     p.add_argument("--instances", type=int, default=1)
     p.add_argument("--hp-instances", type=int, default=0)
-    p.add_argument("--backend", default="sim", choices=("sim", "torch"))
+    p.add_argument("--backend", default="sim", choices=("sim", "torch", "vllm"))
     p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100", help="sim: profiled GPU; torch: cpu or a CUDA GPU")
-    p.add_argument("--weights", default=None, help="torch: local checkpoint directory")
+    p.add_argument("--gpu", default="a100",
+                   help="sim: profiled GPU; torch/vllm: cpu or a CUDA GPU")
+    p.add_argument("--weights", default=None,
+                   help="torch: local checkpoint directory; vllm: a Hugging Face directory")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")

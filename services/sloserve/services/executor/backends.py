@@ -3,7 +3,8 @@
 ``sim`` (DESIGN.md, executors): no model; a batch lasts its ground-truth time
 (``ProfileTiming``, real GPU profiles) and produces deterministic pseudo-tokens,
 printable ASCII so the byte-level tokenizer turns them into text. ``torch``
-lives in :mod:`sloserve.services.executor.torch_backend`.
+lives in :mod:`sloserve.services.executor.torch_backend`, ``vllm`` in
+:mod:`sloserve.services.executor.vllm_backend`.
 """
 
 from __future__ import annotations
@@ -109,8 +110,15 @@ class SimBackend:
         return samples
 
 
+BACKENDS = ("sim", "torch", "vllm")
+
+
 def make_backend(name: str, **kw: object) -> Backend:
-    """``sim`` or ``torch`` (the latter needs torch and ``sloserve.model.engine``)."""
+    """``sim``, ``torch`` (needs torch) or ``vllm`` (needs a supported vLLM build).
+
+    ``None`` values mean "the backend's default" (e.g. the block size: 16 for
+    sim/torch, vLLM's for vllm)."""
+    kw = {k: v for k, v in kw.items() if v is not None}
     if name == "sim":
         allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale")
         sim: Backend = SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
@@ -120,4 +128,9 @@ def make_backend(name: str, **kw: object) -> Backend:
 
         torch: Backend = TorchBackend(**kw)  # type: ignore[arg-type,unused-ignore]
         return torch
-    raise ValueError(f"backend: must be 'sim' or 'torch', got {name!r}")
+    if name == "vllm":
+        from sloserve.services.executor.vllm_backend import VllmBackend
+
+        vllm: Backend = VllmBackend(**kw)  # type: ignore[arg-type,unused-ignore]
+        return vllm
+    raise ValueError(f"backend: must be one of {BACKENDS}, got {name!r}")

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
 from sloserve.services import obs, rpc
-from sloserve.services.executor.backends import Backend, make_backend, plan_shape
+from sloserve.services.executor.backends import BACKENDS, Backend, make_backend, plan_shape
 from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
 from sloserve.services.store import Keys
@@ -127,13 +127,15 @@ async def serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("executor")
-    p.add_argument("--backend", default="sim", choices=("sim", "torch"))
+    p.add_argument("--backend", default="sim", choices=BACKENDS)
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
-    p.add_argument("--weights", default=None, help="torch: local safetensors/gguf directory")
+    p.add_argument("--weights", default=None,
+                   help="torch: local safetensors/gguf directory; vllm: a Hugging Face directory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise-cv", type=float, default=0.03)
-    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--block-size", type=int, default=None,
+                   help="KV block size (default 16; vllm: vLLM's, 32 on CPU)")
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
     return p
