@@ -109,7 +109,7 @@ async def serve(args: argparse.Namespace) -> None:
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
-        weights=args.weights,
+        weights=args.weights, dtype=args.dtype,
     )
     redis = aioredis.Redis.from_url(args.redis_url)
     svc = ExecutorService(backend, redis, Keys(args.prefix))
@@ -138,6 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV block size (default 16; vllm: vLLM's, 32 on CPU)")
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
+    p.add_argument("--dtype", default=None,
+                   help="torch/vllm: weights and activations (default: the backend's; on CPUs "
+                        "without bf16 instructions float32 prefills several times faster)")
     return p
 
 
