@@ -22,8 +22,8 @@ TBT 0.15 s, budget 512) scaled as in docs/torch-executor.md: B by the length
 factor 8, the SLOs by the ratio r of one typical mixed iteration, scaled
 (a 64-token chunk over 128 tokens of context plus 16 decodes at context 320),
 timed on this CPU through vLLM's engine (our ``vllm`` backend's
-``profile_batch``, median of 7), to the same iteration unscaled for
-llama-3-8b on an A100 (``ProfileTiming``).
+``profile_batch``, one torch thread as the stack runs it, median of 7), to
+the same iteration unscaled for llama-3-8b on an A100 (``ProfileTiming``).
 
     python infra/experiments/vs_vllm.py [--rates 0.5 1 1.5 2] [--num-requests 100]
         [--arms ...] [--slo-from JSON] [--plot-only]
@@ -39,6 +39,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,10 @@ POLICIES = ("vllm", "sarathi", "accelgen")
 ARMS = (*STOCK, *(f"sloserve-{p}" for p in POLICIES))
 CRITERIA = ("goodput", "tail_p99", "token")
 START_S = 900.0
+# torch threads of our executor (and of the calibration): stock vLLM on CPU serves with one
+# OpenMP thread pinned to a core and leaves the other to its API server; two threads on
+# this shared 2-core machine made every step 3-10x slower (OpenMP waits on a taken core)
+THREADS = 1
 
 
 # --- SLO scaling ------------------------------------------------------------------
@@ -153,7 +158,7 @@ def start_sloserve(arm: str, backend: str, slo: dict[str, Any], logs: Path) -> S
             "--prefix", f"vsvllm:{policy}:{os.getpid()}", "--token-budget",
             str(slo["token_budget"]), "--ttft-slo", str(slo["ttft_slo"]),
             "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm)]
-    srv = Server(argv, {}, logs / f"{arm}.log")
+    srv = Server(argv, {"OMP_NUM_THREADS": str(THREADS)}, logs / f"{arm}.log")
     srv.target = f"127.0.0.1:{port}"
     log = Path(srv.log.name)
     while time.monotonic() - srv.started < START_S:
@@ -291,6 +296,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--merge", action="store_true",
                     help="keep arms of --out that this run does not repeat")
+    ap.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     args = ap.parse_args()
     png = args.out.with_suffix(".png")
@@ -310,7 +316,8 @@ def main() -> None:
         slo = json.loads(args.slo_from)
     else:  # in a child: vLLM's in-process engine leaves threads and memory behind
         out = subprocess.run([sys.executable, __file__, "--calibrate", "--dtype", args.dtype],
-                             capture_output=True, text=True)
+                             capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
         if out.returncode:
             raise RuntimeError(f"calibration failed: {out.stderr[-2000:]}")
         slo = json.loads(out.stdout.strip().splitlines()[-1])
@@ -321,8 +328,9 @@ def main() -> None:
         "num_requests": args.num_requests, "rates": args.rates, "slo": slo,
         "arms": {k: v for k, v in prev.get("arms", {}).items() if k not in args.arms},
     }
-    logs = args.out.parent / "vs_vllm_logs"
+    logs = args.log_dir or Path(tempfile.mkdtemp(prefix="vs_vllm_"))
     logs.mkdir(parents=True, exist_ok=True)
+    print(f"server logs in {logs}", flush=True)
     for arm in args.arms:
         result["arms"][arm] = run_arm(arm, args, slo, model_dir, logs)
         result["acceptance"] = acceptance(result["arms"])
