@@ -278,6 +278,36 @@ def acceptance(arms: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def markdown(result: dict[str, Any]) -> str:
+    """The docs tables: every arm and rate, then the capacities on the three criteria."""
+    lines = ["| arm | req/s | goodput share | throughput tok/s | TTFT P50 / P99 s | "
+             "TBT P50 / P99 s | token share | met G/T/K |", "|---|---|---|---|---|---|---|---|"]
+    for arm, res in result["arms"].items():
+        for row in sorted(res["rows"], key=lambda r: r["qps"]):
+            s, m = row["summary"], row["meets"]
+            met = "/".join("y" if m[c] else "n" for c in CRITERIA)
+            lines.append(
+                f"| {arm} | {row['qps']:g} | {s['goodput_share']:.2f} | "
+                f"{s['throughput_tok_s']:.1f} | {s['ttft_p50']:.2f} / {s['ttft_p99']:.2f} | "
+                f"{s['tbt_p50']:.3f} / {s['tbt_p99']:.3f} | {s['token_criterion_share']:.2f} | "
+                f"{met} |")
+    lines += ["", "| arm | goodput capacity req/s | tail (P99 gap) capacity req/s | "
+              "token capacity req/s | start s |", "|---|---|---|---|---|"]
+    for arm, res in result["arms"].items():
+        cells = []
+        for c in CRITERIA:
+            cap = res["capacity"][c]
+            if cap["meets_up_to"] is None:
+                cells.append(f"< {min(r['qps'] for r in res['rows']):g} (misses at every rate)")
+            elif cap["at_sweep_limit"]:
+                cells.append(f"≥ {cap['meets_up_to']:g} (met at every rate)")
+            else:
+                cells.append(f"{cap['capacity_qps']:.2f} (met {cap['meets_up_to']:g}, "
+                             f"missed {cap['misses_from']:g})")
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {res['start_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
@@ -297,9 +327,13 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="keep arms of --out that this run does not repeat")
     ap.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
+    ap.add_argument("--table", action="store_true", help="print --out as markdown and exit")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     args = ap.parse_args()
     png = args.out.with_suffix(".png")
+    if args.table:
+        print(markdown(json.loads(args.out.read_text())))
+        return
     if args.plot_only:
         from vs_vllm_plot import plot
 
