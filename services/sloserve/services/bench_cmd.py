@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from typing import Any
@@ -72,9 +73,12 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
 
 
 def prompt_ids(req: Request) -> list[int]:
-    """A prompt of exactly ``prompt_len`` byte-level tokens (printable ASCII)."""
-    salt = sum(map(ord, req.request_id))
-    return [32 + (salt + k) % 95 for k in range(req.prompt_len)]
+    """A prompt of exactly ``prompt_len`` byte-level tokens (printable ASCII), drawn from a
+    generator seeded by the request id: deterministic, and distinct requests share no
+    prefix, so a server with prefix caching (stock vLLM's default) gets no hits that the
+    trace's real prompts would not give it."""
+    rng = random.Random(req.request_id)
+    return [rng.randrange(32, 127) for _ in range(req.prompt_len)]
 
 
 async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
