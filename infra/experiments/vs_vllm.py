@@ -327,6 +327,9 @@ def main() -> None:
     ap.add_argument("--merge", action="store_true",
                     help="keep arms of --out that this run does not repeat")
     ap.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
+    ap.add_argument("--extend", action="store_true",
+                    help="like --merge, and add this run's rates to the arms it repeats "
+                         "(with --slo-from the earlier SLOs; same workload and seed)")
     ap.add_argument("--table", action="store_true", help="print --out as markdown and exit")
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
     args = ap.parse_args()
@@ -356,17 +359,28 @@ def main() -> None:
             raise RuntimeError(f"calibration failed: {out.stderr[-2000:]}")
         slo = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"SLOs {slo}", flush=True)
-    prev = json.loads(args.out.read_text()) if args.merge and args.out.exists() else {}
+    keep = args.merge or args.extend
+    prev = json.loads(args.out.read_text()) if keep and args.out.exists() else {}
+    if args.extend and prev and prev["slo"] != slo:
+        raise ValueError("--extend: pass the earlier run's SLOs with --slo-from")
     result: dict[str, Any] = {
         "model": MODEL, "trace": TRACE.name, "scale": SCALE, "seed": 0,
-        "num_requests": args.num_requests, "rates": args.rates, "slo": slo,
+        "num_requests": args.num_requests, "slo": slo,
+        "rates": sorted(set(args.rates) | set(prev.get("rates", []))) if args.extend
+        else args.rates,
         "arms": {k: v for k, v in prev.get("arms", {}).items() if k not in args.arms},
     }
     logs = args.log_dir or Path(tempfile.mkdtemp(prefix="vs_vllm_"))
     logs.mkdir(parents=True, exist_ok=True)
     print(f"server logs in {logs}", flush=True)
     for arm in args.arms:
-        result["arms"][arm] = run_arm(arm, args, slo, model_dir, logs)
+        res = run_arm(arm, args, slo, model_dir, logs)
+        if args.extend and arm in prev.get("arms", {}):  # add this run's rates to the arm's
+            old = [r for r in prev["arms"][arm]["rows"] if r["qps"] not in args.rates]
+            res["rows"] = sorted(old + res["rows"], key=lambda r: r["qps"])
+            res["capacity"] = {c: capacity(res["rows"], c) for c in CRITERIA}
+            res["start_s_earlier"] = prev["arms"][arm]["start_s"]
+        result["arms"][arm] = res
         result["acceptance"] = acceptance(result["arms"])
         result["wall_s"] = time.time() - t_start
         args.out.parent.mkdir(parents=True, exist_ok=True)
