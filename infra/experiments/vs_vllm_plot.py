@@ -30,7 +30,8 @@ def plot(result: dict[str, Any], png: Path) -> None:
         if target is not None:
             ax.axhline(target, color="grey", lw=0.8, ls=":", label="90 %")
             ax.set_ylim(-0.02, 1.02)
-        ax.set_xlabel("arrival rate (req/s, Poisson)")
+        ax.set_xscale("log")
+        ax.set_xlabel("arrival rate (req/s, Poisson, log scale)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
