@@ -1,5 +1,8 @@
 """``sloserve bench``: replay a workload against a running gateway through the SDK.
 
+``--endpoint openai`` replays the same workload against any OpenAI-compatible
+server instead (stock ``vllm serve``): ``bench_openai``.
+
 The workload is built exactly as ``sloserve simulate`` builds it (same trace,
 seed, arrivals and SLOs), each request is sent at its arrival offset with a
 prompt of its exact token length, and the measured token times (the
@@ -12,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import sys
 import time
 from typing import Any
@@ -22,7 +26,18 @@ from sloserve.request import Request, RequestStatus
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("bench", help="replay a workload against a running gateway")
-    p.add_argument("--target", default="127.0.0.1:50051", help="gateway address")
+    p.add_argument("--endpoint", choices=("grpc", "openai"), default="grpc",
+                   help="grpc: our gateway (default); openai: any OpenAI-compatible server")
+    p.add_argument("--target", default="127.0.0.1:50051",
+                   help="gateway address (grpc) or http://HOST:PORT (openai)")
+    p.add_argument("--model", default=None,
+                   help="openai: served model name (default: the first of GET /v1/models)")
+    p.add_argument("--workload-model", default=None,
+                   help="openai: model preset whose max context caps the workload "
+                        "(default: the served name)")
+    p.add_argument("--gpu", default="a100",
+                   help="openai: hardware whose profile scales a --slo-mix hetero workload")
+    p.add_argument("--temperature", type=float, default=0.0, help="openai: sampling temperature")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code")
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
@@ -57,9 +72,12 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
 
 
 def prompt_ids(req: Request) -> list[int]:
-    """A prompt of exactly ``prompt_len`` byte-level tokens (printable ASCII)."""
-    salt = sum(map(ord, req.request_id))
-    return [32 + (salt + k) % 95 for k in range(req.prompt_len)]
+    """A prompt of exactly ``prompt_len`` byte-level tokens (printable ASCII), drawn from a
+    generator seeded by the request id: deterministic, and distinct requests share no
+    prefix, so a server with prefix caching (stock vLLM's default) gets no hits that the
+    trace's real prompts would not give it."""
+    rng = random.Random(req.request_id)
+    return [rng.randrange(32, 127) for _ in range(req.prompt_len)]
 
 
 async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
@@ -107,7 +125,7 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = dict(summarize(reqs))
     out.update(policy=",".join(info["policies"]), instances=len(info["instances"]),
                model=info["model"], qps=args.qps, seed=args.seed, measured=True,
-               offloads=sum(r.num_offloads for r in reqs))
+               offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
     return out
 
 
@@ -118,7 +136,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"qps (--qps): must be > 0, got {args.qps}")
     if args.num_requests < 1:
         raise ValueError(f"num_requests (--num-requests): must be >= 1, got {args.num_requests}")
-    out = asyncio.run(replay(args.target, args))
+    if args.endpoint == "openai":
+        from sloserve.services import bench_openai
+
+        out = asyncio.run(bench_openai.replay(args))
+    else:
+        out = asyncio.run(replay(args.target, args))
     if args.json:
         print(json.dumps(out))
     else:

@@ -46,6 +46,7 @@ class StackConfig:
     noise_cv: float = 0.03
     time_scale: float = 1.0
     num_blocks: int | None = None
+    dtype: str | None = None  # torch/vllm executors; None: the backend's default
     refit_interval: float = 1.0
     log_dir: Path | None = None  # None: children inherit stderr
     # protocol tests (docs/architecture.md): the simulator's clock and timing, decision logs
@@ -117,6 +118,8 @@ class Stack:
             if c.fixed_batch_time is not None:
                 ex += ["--fixed-batch-time", str(c.fixed_batch_time)]
             ex += ["--clock", c.clock]
+            if c.dtype:
+                ex += ["--dtype", c.dtype]
             self._add(f"executor-{iid}", self._module("executor", pe, *ex), f"{h}:{pe}", "executor")
             self._add(f"scheduler-{iid}", self._module(
                 "scheduler", ps, "--instance-id", iid, "--role", role, "--policy", c.policy,
@@ -147,10 +150,15 @@ class Stack:
             self.redis_url = self.embedded.url
         self.plan()
         try:
-            for name in self.services:
+            # the gateway asks every scheduler for its Status as it starts, and a scheduler
+            # is ready only once its executor is (a vllm executor loads for ~a minute)
+            *backends, gateway = self.services
+            for name in backends:
                 self.spawn(name)
-            for svc in self.services.values():
-                wait_healthy(svc.address, svc.health, timeout)
+            for name in backends:
+                wait_healthy(self.services[name].address, self.services[name].health, timeout)
+            self.spawn(gateway)
+            wait_healthy(self.services[gateway].address, self.services[gateway].health, timeout)
         except BaseException:
             self.stop()
             raise

@@ -45,6 +45,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--num-blocks", type=int, default=None)
+    p.add_argument("--dtype", default=None,
+                   help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
     p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
     add_policy_flags(p)
 
@@ -59,7 +61,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
         policy_config=policy_config,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
-        noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir,
+        noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
     )
     cfg.validate()
     return cfg

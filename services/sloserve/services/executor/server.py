@@ -153,7 +153,7 @@ async def serve(args: argparse.Namespace) -> None:
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
-        weights=args.weights, fixed_batch_time=args.fixed_batch_time,
+        weights=args.weights, fixed_batch_time=args.fixed_batch_time, dtype=args.dtype,
     )
     redis = connect(args.redis_url)
     horizon = None
@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help="sim, virtual: a batch ends at the plan's start_time + its duration, "
                         "when a conductor moves the horizon there (protocol tests)")
+    p.add_argument("--dtype", default=None,
+                   help="torch/vllm: weights and activations (default: the backend's; on CPUs "
+                        "without bf16 instructions float32 prefills several times faster)")
     return p
 
 

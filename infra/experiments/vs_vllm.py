@@ -1,0 +1,428 @@
+"""Stock ``vllm serve`` vs ``sloserve up --backend vllm``, side by side (docs/vs-vllm.md).
+
+One model (SmolLM2-135M-Instruct, the directory ``sloserve model prepare
+smollm2-135m`` writes), one CPU, one workload for every arm: Poisson arrivals
+of ShareGPT lengths / 8 (``infra/experiments/data/sharegpt_cpu.csv``), the
+same seed and the same prompt token ids, exact output lengths (``ignore_eos``).
+Arms, each started fresh and swept over every rate:
+
+* ``vllm-serve``: stock ``vllm serve`` with its defaults (vLLM 0.32 on CPU:
+  chunked prefill on, 2048 batched tokens, 128 sequences);
+* ``vllm-serve-nochunk``: ``--no-enable-chunked-prefill``;
+* ``vllm-serve-sarathi``: ``--enable-chunked-prefill --max-num-batched-tokens B``
+  with Sarathi's budget B (and ``--max-num-seqs B``, which vLLM requires to be
+  ≤ the batched tokens);
+* ``sloserve-<policy>``: ``sloserve up --backend vllm --policy <policy>``,
+  one instance, token budget B, for vllm, sarathi and accelgen.
+
+Stock servers are benched with ``sloserve bench --endpoint openai`` and our
+stack with ``sloserve bench`` (gRPC); both summarise with
+``sloserve.metrics.summarize``. SLOs and B are the A100 defaults (TTFT 1 s,
+TBT 0.15 s, budget 512) scaled as in docs/torch-executor.md: B by the length
+factor 8, the SLOs by the ratio r of one typical mixed iteration, scaled
+(a 64-token chunk over 128 tokens of context plus 16 decodes at context 320),
+timed on this CPU through vLLM's engine (our ``vllm`` backend's
+``profile_batch``, one torch thread as the stack runs it, median of 7), to
+the same iteration unscaled for llama-3-8b on an A100 (``ProfileTiming``).
+
+    python infra/experiments/vs_vllm.py [--rates 0.5 1 1.5 2] [--num-requests 100]
+        [--arms ...] [--slo-from JSON] [--plot-only]
+
+Writes docs/results/vs_vllm.json and docs/results/vs_vllm.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from sloserve.batch import BatchShape
+from sloserve.metrics import meets
+from sloserve.services.store import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TRACE = ROOT / "infra/experiments/data/sharegpt_cpu.csv"
+OUT = ROOT / "docs/results/vs_vllm.json"
+SCALE = 8  # make_sharegpt_cpu.SCALE
+A100_TTFT, A100_TBT, A100_BUDGET = 1.0, 0.15, 512
+MODEL = "smollm2-135m"
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+STOCK = {
+    "vllm-serve": [],
+    "vllm-serve-nochunk": ["--no-enable-chunked-prefill"],
+    "vllm-serve-sarathi": ["--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}",
+                           "--max-num-seqs", "{budget}"],
+}
+POLICIES = ("vllm", "sarathi", "accelgen")
+ARMS = (*STOCK, *(f"sloserve-{p}" for p in POLICIES))
+CRITERIA = ("goodput", "tail_p99", "token")
+START_S = 900.0
+# torch threads of our executor (and of the calibration): stock vLLM on CPU serves with one
+# OpenMP thread pinned to a core and leaves the other to its API server; two threads on
+# this shared 2-core machine made every step 3-10x slower (OpenMP waits on a taken core)
+THREADS = 1
+
+
+# --- SLO scaling ------------------------------------------------------------------
+def mixed_shapes() -> tuple[BatchShape, BatchShape]:
+    """(scaled shape timed here, unscaled shape timed on the A100 model)."""
+    full = BatchShape(((A100_BUDGET, 1024),), (2560,) * 16)
+    scaled = BatchShape(((A100_BUDGET // SCALE, 1024 // SCALE),), (2560 // SCALE,) * 16)
+    return scaled, full
+
+
+def calibrate(dtype: str, repeats: int = 7) -> dict[str, Any]:
+    """Time the scaled mixed iteration on vLLM's engine here; SLOs and budget from it."""
+    import numpy as np
+
+    from sloserve.perf.ground_truth import ProfileTiming
+    from sloserve.services.executor.vllm_backend import VllmBackend
+    from sloserve.services.executor.vllm_profile import profile_batch
+
+    scaled, full = mixed_shapes()
+    engine = VllmBackend(MODEL, gpu="cpu", dtype=dtype).engine
+    profile_batch(engine, scaled)  # warm-up
+    times = [profile_batch(engine, scaled, seed=k) for k in range(repeats)]
+    t_cpu = float(np.median(times))
+    t_gpu = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0).noiseless_time(full)
+    r = t_cpu / t_gpu
+    return {"iteration_cpu_s": t_cpu, "iteration_cpu_runs_s": times, "iteration_a100_s": t_gpu,
+            "ratio": r, "ttft_slo": round(A100_TTFT * r, 4), "tbt_slo": round(A100_TBT * r, 4),
+            "token_budget": A100_BUDGET // SCALE, "dtype": dtype}
+
+
+# --- servers ----------------------------------------------------------------------
+class Server:
+    """A child process group that serves one arm; ``target`` is what bench talks to."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT,
+                                     env={**os.environ, **env}, start_new_session=True, text=True)
+        self.target = ""
+        self.started = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+
+def start_stock(arm: str, model_dir: Path, slo: dict[str, Any], logs: Path) -> Server:
+    port = free_port("127.0.0.1")
+    extra = [a.format(budget=slo["token_budget"]) for a in STOCK[arm]]
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--served-model-name", MODEL, "--dtype", slo["dtype"], "--port", str(port),
+            "--host", "127.0.0.1", "--seed", "0", *extra]
+    srv = Server(argv, {"VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2")},
+                 logs / f"{arm}.log")
+    srv.target = f"http://127.0.0.1:{port}"
+    while time.monotonic() - srv.started < START_S:
+        if not srv.alive():
+            raise RuntimeError(f"{arm}: vllm serve exited ({srv.proc.returncode}); "
+                               f"see {srv.log.name}")
+        try:
+            if httpx.get(f"{srv.target}/v1/models", timeout=2).status_code == 200:
+                return srv
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    srv.close()
+    raise RuntimeError(f"{arm}: vllm serve not ready after {START_S:.0f} s")
+
+
+def start_sloserve(arm: str, backend: str, slo: dict[str, Any], logs: Path) -> Server:
+    policy = arm.removeprefix("sloserve-")
+    port = free_port("127.0.0.1")
+    argv = [sys.executable, "-m", "sloserve.services.cli", "up", "--backend", backend,
+            "--model", MODEL, "--gpu", "cpu", "--dtype", slo["dtype"], "--policy", policy,
+            "--port", str(port), "--redis-url", REDIS_URL,
+            "--prefix", f"vsvllm:{policy}:{os.getpid()}", "--token-budget",
+            str(slo["token_budget"]), "--ttft-slo", str(slo["ttft_slo"]),
+            "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm)]
+    srv = Server(argv, {"OMP_NUM_THREADS": str(THREADS)}, logs / f"{arm}.log")
+    srv.target = f"127.0.0.1:{port}"
+    log = Path(srv.log.name)
+    while time.monotonic() - srv.started < START_S:
+        if not srv.alive():
+            raise RuntimeError(f"{arm}: sloserve up exited ({srv.proc.returncode}); see {log}")
+        if "gateway ready" in log.read_text():
+            return srv
+        time.sleep(2)
+    srv.close()
+    raise RuntimeError(f"{arm}: sloserve up not ready after {START_S:.0f} s")
+
+
+# --- benching ---------------------------------------------------------------------
+def bench(arm: str, target: str, qps: float, n: int, slo: dict[str, Any]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", target,
+           "--trace-file", str(TRACE), "--qps", f"{qps:g}", "--num-requests", str(n),
+           "--ttft-slo", str(slo["ttft_slo"]), "--tbt-slo", str(slo["tbt_slo"]),
+           "--seed", "0", "--json"]
+    if arm in STOCK:
+        cmd += ["--endpoint", "openai", "--model", MODEL]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode not in (0, 1) or not out.stdout.strip():
+        raise RuntimeError(f"{arm} @ {qps} req/s: bench failed: {out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def verdicts(s: dict[str, Any], tbt_slo: float) -> dict[str, bool]:
+    """goodput/token as metrics.meets; tail on its P99-gap part only (bench sees no
+    scheduling delay: neither the gateway stream nor an OpenAI server reports it)."""
+    p99 = s["tbt_token_p99"]
+    return {"goodput": meets(s, "goodput", tbt_slo=tbt_slo),
+            "tail_p99": p99 is not None and p99 <= tbt_slo and s["completed"] == s["requests"],
+            "token": meets(s, "token", tbt_slo=tbt_slo)}
+
+
+def capacity(rows: list[dict[str, Any]], crit: str) -> dict[str, Any]:
+    """The largest benched rate meeting ``crit``, the next rate up (which misses it), and a
+    linear interpolation of the criterion's margin between the two (the capacity).
+
+    On this shared machine a low rate can miss where a higher one meets (another job's
+    burst); such rates are listed in ``misses_below`` and do not cap the capacity."""
+    rows = sorted(rows, key=lambda r: r["qps"])
+    passes = [r for r in rows if r["meets"][crit]]
+    lo = passes[-1] if passes else None
+    hi = next((r for r in rows if lo is None or r["qps"] > lo["qps"]), None)
+    out: dict[str, Any] = {
+        "meets_up_to": lo["qps"] if lo else None, "misses_from": hi["qps"] if hi else None,
+        "at_sweep_limit": hi is None,
+        "misses_below": [r["qps"] for r in rows if lo and r["qps"] < lo["qps"]
+                         and not r["meets"][crit]],
+    }
+    if lo is None or hi is None:
+        out["capacity_qps"] = lo["qps"] if lo else 0.0
+        return out
+    m_lo, m_hi = margin(lo, crit), margin(hi, crit)
+    frac = m_lo / (m_lo - m_hi) if m_lo - m_hi > 0 else 0.0
+    out["capacity_qps"] = round(lo["qps"] + frac * (hi["qps"] - lo["qps"]), 3)
+    return out
+
+
+def margin(row: dict[str, Any], crit: str) -> float:
+    """How far a rate is inside the criterion (≥ 0 met), for interpolation."""
+    s, tbt = row["summary"], row["tbt_slo"]
+    if crit == "goodput":
+        return float(s["goodput_share"] or 0.0) - 0.9
+    if crit == "token":
+        return float(s["token_criterion_share"] or 0.0) - 0.9
+    p99 = s["tbt_token_p99"]
+    return 1.0 - (p99 / tbt if p99 is not None else float("inf"))
+
+
+KEYS = ("goodput_share", "throughput_tok_s", "ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99",
+        "token_criterion_share", "completed", "requests", "duration")
+
+
+def run_arm(arm: str, args: argparse.Namespace, slo: dict[str, Any], model_dir: Path,
+            logs: Path) -> dict[str, Any]:
+    t0 = time.monotonic()
+    srv = (start_stock(arm, model_dir, slo, logs) if arm in STOCK
+           else start_sloserve(arm, args.backend, slo, logs))
+    start_s = time.monotonic() - t0
+    print(f"{arm}: ready in {start_s:.0f} s", flush=True)
+    rows: list[dict[str, Any]] = []
+    try:
+        if args.warmup:  # at the top rate: the first heavy run after a start is slower
+            bench(arm, srv.target, max(args.rates), args.warmup, slo)
+        for qps in args.rates:
+            s = bench(arm, srv.target, qps, args.num_requests, slo)
+            row = {"qps": qps, "tbt_slo": slo["tbt_slo"], "summary": s,
+                   "meets": verdicts(s, slo["tbt_slo"])}
+            rows.append(row)
+            print(f"{arm:20s} {qps:5.2f} " + " ".join(
+                f"{k}={s[k]:.3g}" if isinstance(s[k], float) else f"{k}={s[k]}"
+                for k in KEYS) + f" meets={row['meets']}", flush=True)
+    finally:
+        srv.close()
+    return {"start_s": start_s, "rows": rows,
+            "capacity": {c: capacity(rows, c) for c in CRITERIA},
+            "backend": "stock vllm serve" if arm in STOCK else args.backend}
+
+
+def acceptance(arms: dict[str, Any]) -> dict[str, Any]:
+    """The two bars: best sloserve policy ≥ best stock configuration on goodput, and
+    sarathi ≥ 2 × stock vLLM without chunked prefill on tail (its P99 part).
+
+    ``met`` is None (inconclusive) where the side that must be beaten met the criterion at
+    the top rate (its capacity is only a lower bound) and ours did not clearly pass it."""
+    def cap(arm: str, crit: str) -> tuple[float, bool]:
+        c = arms[arm]["capacity"][crit]
+        return float(c["capacity_qps"]), bool(c["at_sweep_limit"])
+
+    ours = [a for a in arms if a.startswith("sloserve-")]
+    stock = [a for a in arms if a in STOCK]
+    out: dict[str, Any] = {}
+    if ours and stock:
+        best_ours = max(ours, key=lambda a: cap(a, "goodput")[0])
+        best_stock = max(stock, key=lambda a: cap(a, "goodput")[0])
+        (q_o, lim_o), (q_s, lim_s) = cap(best_ours, "goodput"), cap(best_stock, "goodput")
+        met: bool | None = q_o >= q_s
+        if lim_s and not lim_o:
+            met = False
+        elif lim_s:
+            met = None  # both met at the top rate: the sweep cannot tell
+        out["goodput"] = {"ours": best_ours, "ours_qps": q_o, "ours_lower_bound": lim_o,
+                          "stock": best_stock, "stock_qps": q_s, "stock_lower_bound": lim_s,
+                          "met": met}
+    if "sloserve-sarathi" in arms and "vllm-serve-nochunk" in arms:
+        (q_o, lim_o), (q_s, lim_s) = cap("sloserve-sarathi", "tail_p99"), cap(
+            "vllm-serve-nochunk", "tail_p99")
+        tail_met: bool | None = q_o >= 2 * q_s if q_s > 0 else q_o > 0
+        if lim_s:
+            tail_met = None if lim_o else False
+        out["tail"] = {"sarathi_qps": q_o, "sarathi_lower_bound": lim_o,
+                       "stock_nochunk_qps": q_s, "stock_nochunk_lower_bound": lim_s,
+                       "ratio": q_o / q_s if q_s else None, "met": tail_met}
+    return out
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The docs tables: every arm and rate, then the capacities on the three criteria."""
+    lines = ["| arm | req/s | goodput share | throughput tok/s | TTFT P50 / P99 s | "
+             "TBT P50 / P99 s | token share | met G/T/K |", "|---|---|---|---|---|---|---|---|"]
+    for arm, res in result["arms"].items():
+        for row in sorted(res["rows"], key=lambda r: r["qps"]):
+            s, m = row["summary"], row["meets"]
+            met = "/".join("y" if m[c] else "n" for c in CRITERIA)
+            lines.append(
+                f"| {arm} | {row['qps']:g} | {s['goodput_share']:.2f} | "
+                f"{s['throughput_tok_s']:.1f} | {s['ttft_p50']:.2f} / {s['ttft_p99']:.2f} | "
+                f"{s['tbt_p50']:.3f} / {s['tbt_p99']:.3f} | {s['token_criterion_share']:.2f} | "
+                f"{met} |")
+    lines += ["", "| arm | goodput capacity req/s | tail (P99 gap) capacity req/s | "
+              "token capacity req/s | start s |", "|---|---|---|---|---|"]
+    for arm, res in result["arms"].items():
+        cells = []
+        for c in CRITERIA:
+            cap = res["capacity"][c]
+            if cap["meets_up_to"] is None:
+                cells.append(f"< {min(r['qps'] for r in res['rows']):g} (misses at every rate)")
+            elif cap["at_sweep_limit"]:
+                cells.append(f"≥ {cap['meets_up_to']:g} (met at the top rate)")
+            else:
+                cells.append(f"{cap['capacity_qps']:.2f} (met {cap['meets_up_to']:g}, "
+                             f"missed {cap['misses_from']:g})")
+            if cap["misses_below"]:
+                cells[-1] += f"; missed at {', '.join(f'{q:g}' for q in cap['misses_below'])}"
+        lines.append(f"| {arm} | " + " | ".join(cells) + f" | {res['start_s']:.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=ARMS)
+    ap.add_argument("--rates", nargs="+", type=float, default=[0.5, 1.0, 1.5, 2.0],
+                    help="Poisson arrival rates, req/s (the same for every arm)")
+    ap.add_argument("--num-requests", type=int, default=80)
+    ap.add_argument("--warmup", type=int, default=16,
+                    help="requests sent to each fresh server at the top rate before the sweep, "
+                         "not measured (0: none)")
+    ap.add_argument("--backend", default="vllm", choices=("vllm", "torch"),
+                    help="executor of the sloserve arms")
+    ap.add_argument("--dtype", default="float32",
+                    help="both sides (this CPU has no bf16 instructions: bf16 prefills ~6x slower)")
+    ap.add_argument("--slo-from", default=None,
+                    help="JSON with ttft_slo, tbt_slo, token_budget, dtype (skip calibration)")
+    ap.add_argument("--calibrate", action="store_true", help="print the scaled SLOs and exit")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--merge", action="store_true",
+                    help="keep arms of --out that this run does not repeat")
+    ap.add_argument("--log-dir", type=Path, default=None, help="server logs (default: a temp dir)")
+    ap.add_argument("--extend", action="store_true",
+                    help="like --merge, and add this run's rates to the arms it repeats "
+                         "(with --slo-from the earlier SLOs; same workload and seed)")
+    ap.add_argument("--rescore", action="store_true",
+                    help="recompute the capacities and verdicts of --out and exit")
+    ap.add_argument("--table", action="store_true", help="print --out as markdown and exit")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNG from --out")
+    args = ap.parse_args()
+    png = args.out.with_suffix(".png")
+    if args.table:
+        print(markdown(json.loads(args.out.read_text())))
+        return
+    if args.rescore:
+        res = json.loads(args.out.read_text())
+        for arm in res["arms"].values():
+            arm["capacity"] = {c: capacity(arm["rows"], c) for c in CRITERIA}
+        res["acceptance"] = acceptance(res["arms"])
+        args.out.write_text(json.dumps(res, indent=1))
+        print(json.dumps(res["acceptance"], indent=1))
+        return
+    if args.plot_only:
+        from vs_vllm_plot import plot
+
+        plot(json.loads(args.out.read_text()), png)
+        return
+    if args.calibrate:
+        print(json.dumps(calibrate(args.dtype)))
+        return
+    from sloserve.services.model_store import resolve
+
+    model_dir = resolve(MODEL)
+    t_start = time.time()
+    if args.slo_from:
+        slo = json.loads(args.slo_from)
+    else:  # in a child: vLLM's in-process engine leaves threads and memory behind
+        out = subprocess.run([sys.executable, __file__, "--calibrate", "--dtype", args.dtype],
+                             capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
+        if out.returncode:
+            raise RuntimeError(f"calibration failed: {out.stderr[-2000:]}")
+        slo = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"SLOs {slo}", flush=True)
+    keep = args.merge or args.extend
+    prev = json.loads(args.out.read_text()) if keep and args.out.exists() else {}
+    if args.extend and prev and prev["slo"] != slo:
+        raise ValueError("--extend: pass the earlier run's SLOs with --slo-from")
+    result: dict[str, Any] = {
+        "model": MODEL, "trace": TRACE.name, "scale": SCALE, "seed": 0,
+        "num_requests": args.num_requests, "slo": slo,
+        "rates": sorted(set(args.rates) | set(prev.get("rates", []))) if args.extend
+        else args.rates,
+        "arms": {k: v for k, v in prev.get("arms", {}).items() if k not in args.arms},
+    }
+    logs = args.log_dir or Path(tempfile.mkdtemp(prefix="vs_vllm_"))
+    logs.mkdir(parents=True, exist_ok=True)
+    print(f"server logs in {logs}", flush=True)
+    for arm in args.arms:
+        res = run_arm(arm, args, slo, model_dir, logs)
+        if args.extend and arm in prev.get("arms", {}):  # add this run's rates to the arm's
+            old = [r for r in prev["arms"][arm]["rows"] if r["qps"] not in args.rates]
+            res["rows"] = sorted(old + res["rows"], key=lambda r: r["qps"])
+            res["capacity"] = {c: capacity(res["rows"], c) for c in CRITERIA}
+            res["start_s_earlier"] = prev["arms"][arm]["start_s"]
+        result["arms"][arm] = res
+        result["acceptance"] = acceptance(result["arms"])
+        result["wall_s"] = time.time() - t_start
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    from vs_vllm_plot import plot
+
+    plot(result, png)
+    print(json.dumps(result["acceptance"], indent=1))
+    print(f"wrote {args.out} and {png} in {time.time() - t_start:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
