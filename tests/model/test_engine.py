@@ -138,7 +138,7 @@ def test_bad_plans_raise_and_change_nothing(engine: TorchEngine) -> None:
         engine.execute(BatchPlan([ScheduledItem("v", 2, 2, True)]), {"v": [0]})
     with pytest.raises(ValueError, match="inconsistent"):  # more tokens than it has
         engine.execute(BatchPlan([ScheduledItem("v", 5, 0, True)]), {"v": [0]})
-    with pytest.raises(ValueError, match="block_tables: request v"):
+    with pytest.raises(ValueError, match="block_table: request v"):
         engine.execute(BatchPlan([ScheduledItem("v", 4, 0, True)]), {})
     with pytest.raises(ValueError, match="block id outside"):
         engine.execute(BatchPlan([ScheduledItem("v", 4, 0, True)]), {"v": [64]})

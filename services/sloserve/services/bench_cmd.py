@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from sloserve.defaults import TBT_SLO, TTFT_SLO, workload_slos
@@ -104,6 +105,23 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
         bar.update(1)
 
 
+async def send_all(reqs: list[Request], one: Callable[[Request, float, Any], Awaitable[None]]
+                   ) -> None:
+    """Send every request at its arrival offset (``one(req, t0, bar)``), a progress bar on a
+    terminal; the measured times replace the workload's synthetic ones."""
+    for r in reqs:
+        r.token_times, r.status, r.num_generated = [], RequestStatus.WAITING, 0
+    bar = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(reqs), unit="req", file=sys.stderr)
+    t0 = time.monotonic()
+    await asyncio.gather(*(one(r, t0, bar) for r in reqs))
+    if bar is not None:
+        bar.close()
+
+
 async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
     from sloserve.client import AsyncClient
     from sloserve.metrics import summarize
@@ -111,17 +129,7 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
     async with AsyncClient(target) as client:
         info = await client.info()
         reqs = workload(args, info["model"], info["instances"][0]["hardware"])
-        for r in reqs:  # measured values replace the workload's synthetic ones
-            r.token_times, r.status, r.num_generated = [], RequestStatus.WAITING, 0
-        bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(reqs), unit="req", file=sys.stderr)
-        t0 = time.monotonic()
-        await asyncio.gather(*(_one(client, r, t0, bar) for r in reqs))
-        if bar is not None:
-            bar.close()
+        await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar))
     out: dict[str, Any] = dict(summarize(reqs))
     out.update(policy=",".join(info["policies"]), instances=len(info["instances"]),
                model=info["model"], qps=args.qps, seed=args.seed, measured=True,

@@ -171,7 +171,7 @@ def base_url(target: str) -> str:
 
 async def replay(args: argparse.Namespace) -> dict[str, Any]:
     from sloserve.metrics import summarize
-    from sloserve.services.bench_cmd import workload
+    from sloserve.services.bench_cmd import send_all, workload
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base_url(args.target), timeout=httpx.Timeout(None),
@@ -179,17 +179,7 @@ async def replay(args: argparse.Namespace) -> dict[str, Any]:
         info = await served_model(client, args.model)
         model = str(info["id"])
         reqs = workload(args, args.workload_model or model, args.gpu)
-        for r in reqs:  # measured values replace the workload's synthetic ones
-            r.token_times, r.status, r.num_generated = [], RequestStatus.WAITING, 0
-        bar = None
-        if sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=len(reqs), unit="req", file=sys.stderr)
-        t0 = time.monotonic()
-        await asyncio.gather(*(_one(client, r, model, args.temperature, t0, bar) for r in reqs))
-        if bar is not None:
-            bar.close()
+        await send_all(reqs, lambda r, t0, bar: _one(client, r, model, args.temperature, t0, bar))
     out: dict[str, Any] = dict(summarize(reqs))
     out.update(policy=None, instances=None, model=model, qps=args.qps, seed=args.seed,
                measured=True, offloads=0, endpoint="openai", target=args.target)

@@ -25,6 +25,7 @@ from sloserve.model.config import LlamaConfig, get_config
 from sloserve.model.kv_cache import PagedKVCache
 from sloserve.model.llama import LlamaModel
 from sloserve.model.loader import Checkpoint, load_checkpoint, load_into, smollm2_gguf_path
+from sloserve.model.plan_check import check_plan
 from sloserve.model.sampling import SamplingParams, sample
 from sloserve.model.tokenizer import ByteTokenizer, Tokenizer
 from sloserve.perf.models import ModelShape
@@ -189,36 +190,9 @@ class TorchEngine:
 
     # --- one iteration -----------------------------------------------------------
     def _validate(self, plan: BatchPlan, block_tables: dict[str, list[int]]) -> None:
-        if plan.num_tokens > self.max_num_batched_tokens:
-            raise ValueError(
-                f"plan: {plan.num_tokens} tokens exceed max_num_batched_tokens "
-                f"{self.max_num_batched_tokens}"
-            )
-        seen: set[str] = set()
-        for item in plan.items:
-            rid = item.request_id
-            seq = self._seqs.get(rid)
-            if seq is None:
-                raise ValueError(f"plan: unknown request {rid!r}")
-            if rid in seen:
-                raise ValueError(f"plan: request {rid!r} scheduled twice")
-            seen.add(rid)
-            end = item.context_len + item.num_tokens
-            consistent = item.context_len == seq.num_computed and end <= len(seq.token_ids)
-            if item.num_tokens < 1 or not consistent:
-                raise ValueError(
-                    f"plan: item {item} inconsistent with request {rid} "
-                    f"(computed {seq.num_computed} of {len(seq.token_ids)} tokens)"
-                )
-            table = block_tables.get(rid)
-            if table is None or len(table) * self.block_size < end:
-                raise ValueError(
-                    f"block_tables: request {rid} needs {-(-end // self.block_size)} blocks, "
-                    f"got {0 if table is None else len(table)}"
-                )
-            if any(not 0 <= b < self.num_blocks for b in table):
-                raise ValueError(f"block_tables: request {rid} has a block id outside "
-                                 f"[0, {self.num_blocks})")
+        check_plan([(i.request_id, i.context_len, i.num_tokens) for i in plan.items],
+                   self._seqs, block_tables, self.block_size, self.num_blocks,
+                   self.max_num_batched_tokens)
 
     def execute(self, plan: BatchPlan, block_tables: dict[str, list[int]]) -> StepResult:
         """Run ``plan`` in one forward pass; see the module docstring."""

@@ -147,7 +147,7 @@ def test_bad_plans_raise_naming_the_request(backend: VllmBackend, tok: Tokenizer
     plan.added.add(request_id="x", prompt_token_ids=prompt, max_tokens=4, sampling=GREEDY)
     plan.items.add(request_id="x", num_tokens=len(prompt), context_len=0,
                    block_table=[backend.engine.num_blocks])
-    with pytest.raises(ValueError, match="x block_table has an id outside"):
+    with pytest.raises(ValueError, match="block_table: request x has a block id outside"):
         backend.execute(plan)
     plan = executor_pb2.BatchPlan()
     plan.items.add(request_id="x", num_tokens=len(prompt), context_len=2, block_table=[0])

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from sloserve.batch import BatchSample
+from sloserve.model.plan_check import check_plan
 from sloserve.services.executor.backends import Step
 from sloserve.services.executor.vllm_adapter import (
     CachedSeq,
@@ -137,34 +138,9 @@ class VllmEngine:
         return seq.token_ids[seq.prompt_len:]
 
     def _validate(self, items: list[executor_pb2.PlanItem]) -> None:
-        total = sum(i.num_tokens for i in items)
-        if total > self.runner.max_num_batched_tokens:
-            raise ValueError(f"plan: {total} tokens exceed the engine's max_num_batched_tokens "
-                             f"{self.runner.max_num_batched_tokens}")
-        if len(items) > self.runner.max_num_seqs:
-            raise ValueError(f"plan: {len(items)} sequences exceed the engine's max_num_seqs "
-                             f"{self.runner.max_num_seqs}")
-        seen: set[str] = set()
-        for it in items:
-            rid = it.request_id
-            seq = self._seqs.get(rid)
-            if seq is None:
-                raise ValueError(f"plan: unknown request {rid!r} (never added)")
-            if rid in seen:
-                raise ValueError(f"plan: request {rid!r} scheduled twice")
-            seen.add(rid)
-            end = it.context_len + it.num_tokens
-            if it.num_tokens < 1 or it.context_len != seq.num_computed or end > len(seq.token_ids):
-                raise ValueError(
-                    f"plan: item {rid} (context_len {it.context_len}, num_tokens {it.num_tokens}) "
-                    f"inconsistent with the request (computed {seq.num_computed} of "
-                    f"{len(seq.token_ids)} tokens)")
-            if len(it.block_table) * self.block_size < end:
-                raise ValueError(f"plan: item {rid} block_table has {len(it.block_table)} blocks, "
-                                 f"needs {-(-end // self.block_size)}")
-            if any(not 0 <= b < self.num_blocks for b in it.block_table):
-                raise ValueError(f"plan: item {rid} block_table has an id outside "
-                                 f"[0, {self.num_blocks})")
+        check_plan([(i.request_id, i.context_len, i.num_tokens) for i in items], self._seqs,
+                   {i.request_id: i.block_table for i in items}, self.block_size,
+                   self.num_blocks, self.runner.max_num_batched_tokens, self.runner.max_num_seqs)
 
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
         for rid in plan.freed:
