@@ -36,6 +36,7 @@ from sloserve.perf.hardware import Hardware, register_hardware
 from sloserve.perf.measured import MeasuredTiming, save_samples
 from sloserve.perf.models import ModelShape
 from sloserve.perf.regression import AscendraRegression
+from sloserve.services.executor.backends import TORCH, VLLM
 
 _PREFILL_CHUNKS = (8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
 _PREFILL_CTX = (0, 128, 512, 1024, 4096)
@@ -62,7 +63,7 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "profile", help="time batch shapes on a real executor and fit the Ascendra regression"
     )
-    p.add_argument("--backend", choices=("torch", "vllm"), default="torch",
+    p.add_argument("--backend", choices=(TORCH, VLLM), default="torch",
                    help="torch: our TorchEngine; vllm: vLLM's engine driven as our executor")
     p.add_argument("--model", default="tiny", help="preset (tiny, smollm2-135m, llama-3-8b, ...)")
     p.add_argument("--weights", default=None,
@@ -195,7 +196,7 @@ def run(args: argparse.Namespace) -> int:
     clock = time.perf_counter if clock_name == "wall" else time.process_time
     max_tokens = args.max_tokens or (4096 if cuda else 512)
     engine: _Engine
-    if args.backend == "vllm":
+    if args.backend == VLLM:
         from sloserve.services.executor.vllm_profile import VllmProfiled
 
         dtype = args.dtype or "bfloat16"

@@ -20,6 +20,7 @@ from pathlib import Path
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
 from sloserve.policies.flags import config_to_argv
+from sloserve.services.executor.backends import BACKENDS, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
@@ -58,7 +59,7 @@ class StackConfig:
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
-        if self.backend not in ("sim", "torch", "vllm"):
+        if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
 
     def resolved_policy_config(self) -> PolicyConfig:
@@ -104,7 +105,7 @@ class Stack:
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
         knobs = config_to_argv(c.resolved_policy_config())
         # a vLLM executor answers Describe only once vLLM is imported and the model loaded
-        wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == "vllm" else []
+        wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == VLLM else []
         scheds = []
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = free_port(h), free_port(h)
@@ -143,7 +144,7 @@ class Stack:
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health])
 
     def start(self, timeout: float = 60.0) -> Stack:
-        if self.cfg.backend == "vllm":  # importing vLLM, maybe preparing the model: minutes
+        if self.cfg.backend == VLLM:  # importing vLLM, maybe preparing the model: minutes
             timeout = max(timeout, VLLM_START_S)
         if not self.redis_url:
             self.embedded = EmbeddedRedis()
@@ -188,7 +189,7 @@ class Stack:
         if svc.proc is not None and svc.proc.poll() is None:
             self.kill(name, signal.SIGTERM)
         self.spawn(name)
-        if self.cfg.backend == "vllm":
+        if self.cfg.backend == VLLM:
             timeout = max(timeout, VLLM_START_S)
         wait_healthy(svc.address, svc.health, timeout)
 

