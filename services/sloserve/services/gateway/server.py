@@ -102,7 +102,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 f.spec.dispatch_time = now
                 f.spec.num_offloads = f.req.num_offloads
                 self.links[action.instance_id].submit(f.spec)
-                if action.cause != "route" and action.cause != "ticket":
+                if action.cause not in ("route", "ticket"):
                     self.log.info(action.cause, request=action.request_id,
                                   dst=action.instance_id)
             else:

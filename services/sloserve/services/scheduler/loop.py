@@ -17,6 +17,7 @@ import grpc
 from prometheus_client import Gauge, Histogram
 
 from sloserve.batch import BatchPlan
+from sloserve.controller import DROP_BY_POLICY
 from sloserve.decisions import plan_record
 from sloserve.instance import TokenEvent
 from sloserve.request import Request
@@ -59,7 +60,7 @@ def _taken(
         out.offloaded.append(req.request_id)
     for req in dropped:
         svc.release(req.request_id)
-        out.dropped.add(request_id=req.request_id, reason="dropped by the policy")
+        out.dropped.add(request_id=req.request_id, reason=DROP_BY_POLICY)
 
 
 def _flush(svc: SchedulerService, report: Report | None) -> None:
