@@ -99,7 +99,8 @@ def _sim(item: tuple[str, SimConfig]) -> dict[str, Any]:
     return {"setup": name, "qps": cfg.qps, **{k: s.get(k) for k in keep}}
 
 
-def pool_map(fn: Callable[[Any], dict[str, Any]], items: list[Any], jobs: int) -> list[dict[str, Any]]:
+def pool_map(fn: Callable[[Any], dict[str, Any]], items: list[Any],
+             jobs: int) -> list[dict[str, Any]]:
     with ProcessPoolExecutor(jobs) as pool:
         return list(pool.map(fn, items))
 
@@ -221,7 +222,8 @@ def ascendra_fig9(k: int, jobs: int) -> dict[str, Any]:
     for name, (p, n, hp) in ASCENDRA_SETUPS.items():
         for q in ASCENDRA_QPS:
             sweep.append((name, SimConfig(policy=p, instances=n, hp_instances=hp, qps=q, **base)))
-        caps.append((name, SimConfig(policy=p, instances=n, hp_instances=hp, **base), "goodput", 0.9))
+        cfg = SimConfig(policy=p, instances=n, hp_instances=hp, **base)
+        caps.append((name, cfg, "goodput", 0.9))
     return {"num_requests": k, "sweep": pool_map(_sim, sweep, jobs),
             "capacity": pool_map(_capacity, caps, jobs)}
 
