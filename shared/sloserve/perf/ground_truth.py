@@ -46,7 +46,11 @@ from sloserve.batch import BatchShape
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
 from sloserve.perf.noise import RunToRunNoise
-from sloserve.perf.profiles import extrapolation_slope, load_mlp_profile
+from sloserve.perf.profiles import extrapolation_slope, load_mlp_profile, step_lookup
+from sloserve.perf.sarathi_calibration import (
+    causal_attention_efficiency,
+    context_attention_efficiency,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +64,11 @@ class AttentionKernel:
     q_tile: int = 128  # FlashAttention query-tile rows
     page_tokens: int = 16  # per-sequence KV read granularity
     launch: float = 4e-6  # seconds per kernel launch
+    sarathi_calibrated: bool = False  # rates from Sarathi-Serve's A100 data (sarathi_calibration)
 
 
 _KERNELS: dict[str, AttentionKernel] = {
-    "a100": AttentionKernel(num_sms=108, prefill_eff_max=0.68),
+    "a100": AttentionKernel(num_sms=108, prefill_eff_max=0.68, sarathi_calibrated=True),
     "h100": AttentionKernel(num_sms=132, prefill_eff_max=0.35),
 }
 ITERATION_OVERHEAD = 1.5e-3  # seconds per iteration (CPU: schedule, prepare, sample)
@@ -93,8 +98,8 @@ class ProfileTiming:
             profile.ops["mlp_up_proj"] * (shape.vocab_size / (2 * shape.intermediate_size))
         )
         grid = np.arange(self._max + 1, dtype=np.float64)
-        self._linear: list[float] = np.interp(grid, x, lin).tolist()
-        self._lm_head: list[float] = np.interp(grid, x, up).tolist()
+        self._linear: list[float] = step_lookup(grid, x, lin).tolist()
+        self._lm_head: list[float] = step_lookup(grid, x, up).tolist()
         self._linear_slope = extrapolation_slope(x, lin)
         self._lm_head_slope = extrapolation_slope(x, up)
         heads = shape.num_heads // tp
@@ -103,8 +108,14 @@ class ProfileTiming:
         self._q_tile = kern.q_tile
         self._tiles_full = kern.num_sms / heads  # Q tiles per head that fill every SM
         self._k_half = kern.prefill_k_half
-        # seconds per padded (query, key) pair, all layers, at eff_max
-        self._pair_time = 4 * shape.head_dim * heads * L / (hw.peak_flops * kern.prefill_eff_max)
+        flops_per_pair = 4 * shape.head_dim * heads * L  # QK^T and PV, all layers
+        self._calibrated = kern.sarathi_calibrated
+        if self._calibrated:  # Sarathi-Serve's measured rates (sarathi_calibration)
+            self._pair_time = flops_per_pair / (hw.peak_flops * causal_attention_efficiency())
+            self._ctx_pair_time = flops_per_pair / (hw.peak_flops * context_attention_efficiency())
+        else:  # FlashAttention-2's published curve; cached context at the same rate
+            self._pair_time = flops_per_pair / (hw.peak_flops * kern.prefill_eff_max)
+            self._ctx_pair_time = 0.0
         self._ctx_time = kv_bytes / (hw.mem_bandwidth * kern.decode_bw_eff)
         self._page = kern.page_tokens
         self._launch = kern.launch * L
@@ -142,13 +153,18 @@ class ProfileTiming:
             read_time = 0.0
             for c, ctx_i in shape.prefills:
                 n += c
-                k = ctx_i + (c + 1) * 0.5  # mean keys per query
                 c_tiles = -(-c // self._q_tile)
                 tiles += c_tiles
-                pair_time += c_tiles * self._q_tile * (k + self._k_half)
+                c_pad = c_tiles * self._q_tile
+                if self._calibrated:  # in-chunk causal pairs + pairs over the cached context
+                    pair_time += c_pad * ((c + 1) * 0.5 * self._pair_time
+                                          + ctx_i * self._ctx_pair_time)
+                else:
+                    k = ctx_i + (c + 1) * 0.5  # mean keys per query
+                    pair_time += c_pad * (k + self._k_half) * self._pair_time
                 read_time += (ctx_i + c) * self._ctx_time
             occupancy = min(1.0, tiles / self._tiles_full)
-            t += max(pair_time * self._pair_time / occupancy, read_time) + self._launch
+            t += max(pair_time / occupancy, read_time) + self._launch
         if b_d:
             t += (sum(decodes) + b_d * (1 + self._page)) * self._ctx_time + self._launch
         t += self.linear_time(n) + self.lm_head_time(seqs)
