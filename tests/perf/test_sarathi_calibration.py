@@ -67,3 +67,16 @@ def test_ground_truth_charges_cached_context_at_the_derived_rate() -> None:
     flops = 4 * m.head_dim * m.num_heads * m.num_layers * 512 * 1536  # 512 queries x 1536 keys
     expect = flops / (get_hardware("a100").peak_flops * sc.context_attention_efficiency())
     assert _prefill(gt, 512, 1536) - _prefill(gt, 512, 0) == pytest.approx(expect, rel=0.02)
+
+
+def test_uncalibrated_ground_truth_is_the_previous_one_the_issue_measured() -> None:
+    # issue 10 point 15's "before": 2047/4095 at 512 cost +3.5/+8.3%, 4k -> 8k x2.12
+    gt = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0, calibrated=False)
+
+    def chunked(p: int) -> float:
+        return sum(_prefill(gt, c, ctx) for c, ctx in sc.chunks(p, 512)) / _prefill(gt, p)
+
+    assert chunked(2047) == pytest.approx(1.035, abs=0.001)
+    assert chunked(4095) == pytest.approx(1.083, abs=0.001)
+    assert _prefill(gt, 8192) / _prefill(gt, 4096) == pytest.approx(2.12, abs=0.005)
+    assert _prefill(gt, 257) / _prefill(gt, 256) < 1.05

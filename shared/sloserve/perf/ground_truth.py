@@ -7,12 +7,18 @@ multiplicative lognormal noise. N = tokens in the batch, B = sequences.
   norms, RoPE, SiLU, residual adds) summed per layer at N, x layers, + ``emb``.
   The profile medians are not monotone in N (dips up to 13%, measurement
   noise and kernel-selection artefacts); we take their running maximum, so
-  the table is exact at every profiled point that is not in a dip. Beyond
+  the table is exact at every profiled point that is not in a dip. Between
+  profiled points N costs what the next profiled point costs (``step_lookup``:
+  GEMM tile quantisation, Sarathi-Serve §4.3; 256 -> 257 tokens +31%). Beyond
   the profile's last point: linear extrapolation (``extrapolation_slope``).
 * lm_head: a (B x h) @ (h x V/T) GEMM, not in mlp.csv. Timed by the profile's
   own fused gate/up GEMM at the same M = B and K = h, scaled by N-ratio
   V / 2m: both GEMMs are weight-read bound at small B and compute bound at
   large B, and in both regimes time is linear in the N dimension.
+* attention on A100 (``sarathi_calibrated``): causal pairs inside a chunk at
+  the rate Sarathi-Serve's Fig. 2 prefill curve implies (~0.24 of peak), and
+  each chunk's pairs over its cached context at the rate their Fig. 9 chunked
+  prefills imply (~0.37 of peak); see ``sarathi_calibration``. Otherwise (H100):
 * attention (the attention profiles are not public), per layer:
   - prefill chunk (c over l): causal FLOPs ``4 s n/T`` per query-key pair over
     ``c_pad * (l + (c+1)/2)`` pairs, c padded to FlashAttention's 128-row Q tile,
@@ -80,8 +86,12 @@ class ProfileTiming:
     """``TimingSource`` for ``model`` on ``gpu`` from real Vidur profiles + attention roofline."""
 
     def __init__(
-        self, model: str, gpu: str, seed: int = 0, noise_cv: float = 0.03, tp: int = 1
+        self, model: str, gpu: str, seed: int = 0, noise_cv: float = 0.03, tp: int = 1,
+        *, calibrated: bool = True,
     ) -> None:
+        """``calibrated=False``: the ground truth before the Sarathi calibration (linear
+        interpolation between profiled points, FlashAttention-2's curve for every prefill
+        pair), kept to measure what the calibration changes (docs/perf-models.md)."""
         if noise_cv < 0 or not math.isfinite(noise_cv):
             raise ValueError(f"noise_cv: must be a finite number >= 0, got {noise_cv!r}")
         profile = load_mlp_profile(model, gpu, tp)  # ValueError lists available profiles
@@ -98,8 +108,9 @@ class ProfileTiming:
             profile.ops["mlp_up_proj"] * (shape.vocab_size / (2 * shape.intermediate_size))
         )
         grid = np.arange(self._max + 1, dtype=np.float64)
-        self._linear: list[float] = step_lookup(grid, x, lin).tolist()
-        self._lm_head: list[float] = step_lookup(grid, x, up).tolist()
+        between = step_lookup if calibrated else np.interp
+        self._linear: list[float] = between(grid, x, lin).tolist()
+        self._lm_head: list[float] = between(grid, x, up).tolist()
         self._linear_slope = extrapolation_slope(x, lin)
         self._lm_head_slope = extrapolation_slope(x, up)
         heads = shape.num_heads // tp
@@ -109,7 +120,7 @@ class ProfileTiming:
         self._tiles_full = kern.num_sms / heads  # Q tiles per head that fill every SM
         self._k_half = kern.prefill_k_half
         flops_per_pair = 4 * shape.head_dim * heads * L  # QK^T and PV, all layers
-        self._calibrated = kern.sarathi_calibrated
+        self._calibrated = calibrated and kern.sarathi_calibrated
         if self._calibrated:  # Sarathi-Serve's measured rates (sarathi_calibration)
             self._pair_time = flops_per_pair / (hw.peak_flops * causal_attention_efficiency())
             self._ctx_pair_time = flops_per_pair / (hw.peak_flops * context_attention_efficiency())
