@@ -109,3 +109,16 @@ def test_preempted_requests_are_readmitted_in_arrival_order() -> None:
     plan, _, _ = inst.schedule(4.01)
     assert plan.preempted == ["r3", "r2"]
     assert [r.request_id for r in inst.waiting] == ["r2", "r3"]
+
+
+def test_an_ignored_prompt_leaves_with_the_decode_batch_of_running_requests() -> None:
+    inst = make_instance("vllm", max_num_batched_tokens=100)
+    inst.add_request(req("a", 20, output=5), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    inst.complete(plan, 0.01)
+    long = req("long", 101, output=2, arrival=0.01)
+    inst.add_request(long, 0.01)
+    plan, _, dropped = inst.schedule(0.01)
+    assert [(i.request_id, i.is_prefill) for i in plan.items] == [("a", False)]
+    assert dropped == [long] and plan.drop_reasons == {
+        "long": "Input prompt (101 tokens) is too long and exceeds limit of 100"}
