@@ -274,9 +274,10 @@ class BatchBuilder:
 def add_decodes(b: BatchBuilder, decodes: Sequence[Request]) -> None:
     """Give every running decode its next token, preempting by recompute when KV runs out.
 
-    vLLM's rule (V0 ``_schedule_running`` over its running queue in FCFS order):
-    decodes are served earliest arrival first and the victim is the running
-    request that arrived last; a request with nobody left to evict preempts itself.
+    vLLM's rule (V0 ``Scheduler._schedule``: ``policy.sort_by_priority`` sorts the
+    running queue FCFS by arrival, the front is served first, victims are
+    ``running.pop()``): the victim is the running request that arrived last;
+    a request with nobody left to evict preempts itself.
     The victims re-enter the waiting queue's front in arrival order (``Instance``).
     """
     if b.add_decodes_if_all_fit(decodes):
