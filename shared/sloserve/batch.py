@@ -67,6 +67,8 @@ class BatchPlan:
     preempted: list[str] = field(default_factory=list)
     offloaded: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
+    # why a request in ``dropped`` was dropped, when the policy says (else the controller's default)
+    drop_reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:

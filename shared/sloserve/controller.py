@@ -148,7 +148,7 @@ class Controller:
                 actions.append(self._dispatch(req.request_id, target, "offload"))
         for req in dropped:
             self._leave_prefill(req.request_id)
-            actions.append(self._drop(req.request_id, DROP_BY_POLICY))
+            actions.append(self._drop(req.request_id, req.drop_reason or DROP_BY_POLICY))
         return actions
 
     def on_tokens(self, tokens: Iterable[TokenLike]) -> None:

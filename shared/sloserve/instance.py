@@ -114,11 +114,12 @@ class Instance:
             req.num_preemptions += 1
             req.status = RequestStatus.WAITING
             self.num_preemptions += 1
-        # preempted requests go back to the front, earliest first (vLLM recompute)
-        for rid in reversed(plan.preempted):
-            self.waiting.appendleft(self.requests[rid])
+        # preempted requests go back to the front in arrival order (vLLM recompute)
+        back = sorted((self.requests[rid] for rid in plan.preempted), key=lambda r: r.arrival_time)
+        for req in reversed(back):
+            self.waiting.appendleft(req)
         offloaded = self._take(plan.offloaded, RequestStatus.OFFLOADED, now)
-        dropped = self._take(plan.dropped, RequestStatus.DROPPED, now)
+        dropped = self._take(plan.dropped, RequestStatus.DROPPED, now, plan.drop_reasons)
         admitted: list[Request] = []
         requests, kv, bs = self.requests, self.kv, self.kv.block_size
         for item in plan.items:
@@ -140,7 +141,11 @@ class Instance:
             self.running.extend(admitted)
         return plan, offloaded, dropped
 
-    def _take(self, ids: Iterable[str], status: RequestStatus, now: float) -> list[Request]:
+    def _take(
+        self, ids: Iterable[str], status: RequestStatus, now: float,
+        reasons: Mapping[str, str] | None = None,
+    ) -> list[Request]:
+        reasons = {} if reasons is None else reasons
         out = []
         for rid in ids:
             req = self.requests[rid]
@@ -148,6 +153,7 @@ class Instance:
             req.status = status
             if status is RequestStatus.DROPPED:
                 req.finish_time = now
+                req.drop_reason = reasons.get(rid)
             out.append(req)
         return out
 

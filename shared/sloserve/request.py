@@ -61,6 +61,7 @@ class Request:
     num_preemptions: int = 0
     num_offloads: int = 0
     origin_instance: str | None = None  # the instance that first received it
+    drop_reason: str | None = None  # set when a policy drops it with a reason of its own
     # the generated token ids, in the live stack (None in simulation: lengths only)
     output_token_ids: list[int] | None = None
 

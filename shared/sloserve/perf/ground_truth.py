@@ -7,12 +7,18 @@ multiplicative lognormal noise. N = tokens in the batch, B = sequences.
   norms, RoPE, SiLU, residual adds) summed per layer at N, x layers, + ``emb``.
   The profile medians are not monotone in N (dips up to 13%, measurement
   noise and kernel-selection artefacts); we take their running maximum, so
-  the table is exact at every profiled point that is not in a dip. Beyond
+  the table is exact at every profiled point that is not in a dip. Between
+  profiled points N costs what the next profiled point costs (``step_lookup``:
+  GEMM tile quantisation, Sarathi-Serve §4.3; 256 -> 257 tokens +31%). Beyond
   the profile's last point: linear extrapolation (``extrapolation_slope``).
 * lm_head: a (B x h) @ (h x V/T) GEMM, not in mlp.csv. Timed by the profile's
   own fused gate/up GEMM at the same M = B and K = h, scaled by N-ratio
   V / 2m: both GEMMs are weight-read bound at small B and compute bound at
   large B, and in both regimes time is linear in the N dimension.
+* attention on A100 (``sarathi_calibrated``): causal pairs inside a chunk at
+  the rate Sarathi-Serve's Fig. 2 prefill curve implies (~0.24 of peak), and
+  each chunk's pairs over its cached context at the rate their Fig. 9 chunked
+  prefills imply (~0.37 of peak); see ``sarathi_calibration``. Otherwise (H100):
 * attention (the attention profiles are not public), per layer:
   - prefill chunk (c over l): causal FLOPs ``4 s n/T`` per query-key pair over
     ``c_pad * (l + (c+1)/2)`` pairs, c padded to FlashAttention's 128-row Q tile,
@@ -46,7 +52,11 @@ from sloserve.batch import BatchShape
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
 from sloserve.perf.noise import RunToRunNoise
-from sloserve.perf.profiles import extrapolation_slope, load_mlp_profile
+from sloserve.perf.profiles import extrapolation_slope, load_mlp_profile, step_lookup
+from sloserve.perf.sarathi_calibration import (
+    causal_attention_efficiency,
+    context_attention_efficiency,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,10 +70,11 @@ class AttentionKernel:
     q_tile: int = 128  # FlashAttention query-tile rows
     page_tokens: int = 16  # per-sequence KV read granularity
     launch: float = 4e-6  # seconds per kernel launch
+    sarathi_calibrated: bool = False  # rates from Sarathi-Serve's A100 data (sarathi_calibration)
 
 
 _KERNELS: dict[str, AttentionKernel] = {
-    "a100": AttentionKernel(num_sms=108, prefill_eff_max=0.68),
+    "a100": AttentionKernel(num_sms=108, prefill_eff_max=0.68, sarathi_calibrated=True),
     "h100": AttentionKernel(num_sms=132, prefill_eff_max=0.35),
 }
 ITERATION_OVERHEAD = 1.5e-3  # seconds per iteration (CPU: schedule, prepare, sample)
@@ -75,8 +86,12 @@ class ProfileTiming:
     """``TimingSource`` for ``model`` on ``gpu`` from real Vidur profiles + attention roofline."""
 
     def __init__(
-        self, model: str, gpu: str, seed: int = 0, noise_cv: float = 0.03, tp: int = 1
+        self, model: str, gpu: str, seed: int = 0, noise_cv: float = 0.03, tp: int = 1,
+        *, calibrated: bool = True,
     ) -> None:
+        """``calibrated=False``: the ground truth before the Sarathi calibration (linear
+        interpolation between profiled points, FlashAttention-2's curve for every prefill
+        pair), kept to measure what the calibration changes (docs/perf-models.md)."""
         if noise_cv < 0 or not math.isfinite(noise_cv):
             raise ValueError(f"noise_cv: must be a finite number >= 0, got {noise_cv!r}")
         profile = load_mlp_profile(model, gpu, tp)  # ValueError lists available profiles
@@ -93,8 +108,9 @@ class ProfileTiming:
             profile.ops["mlp_up_proj"] * (shape.vocab_size / (2 * shape.intermediate_size))
         )
         grid = np.arange(self._max + 1, dtype=np.float64)
-        self._linear: list[float] = np.interp(grid, x, lin).tolist()
-        self._lm_head: list[float] = np.interp(grid, x, up).tolist()
+        between = step_lookup if calibrated else np.interp
+        self._linear: list[float] = between(grid, x, lin).tolist()
+        self._lm_head: list[float] = between(grid, x, up).tolist()
         self._linear_slope = extrapolation_slope(x, lin)
         self._lm_head_slope = extrapolation_slope(x, up)
         heads = shape.num_heads // tp
@@ -103,8 +119,14 @@ class ProfileTiming:
         self._q_tile = kern.q_tile
         self._tiles_full = kern.num_sms / heads  # Q tiles per head that fill every SM
         self._k_half = kern.prefill_k_half
-        # seconds per padded (query, key) pair, all layers, at eff_max
-        self._pair_time = 4 * shape.head_dim * heads * L / (hw.peak_flops * kern.prefill_eff_max)
+        flops_per_pair = 4 * shape.head_dim * heads * L  # QK^T and PV, all layers
+        self._calibrated = calibrated and kern.sarathi_calibrated
+        if self._calibrated:  # Sarathi-Serve's measured rates (sarathi_calibration)
+            self._pair_time = flops_per_pair / (hw.peak_flops * causal_attention_efficiency())
+            self._ctx_pair_time = flops_per_pair / (hw.peak_flops * context_attention_efficiency())
+        else:  # FlashAttention-2's published curve; cached context at the same rate
+            self._pair_time = flops_per_pair / (hw.peak_flops * kern.prefill_eff_max)
+            self._ctx_pair_time = 0.0
         self._ctx_time = kv_bytes / (hw.mem_bandwidth * kern.decode_bw_eff)
         self._page = kern.page_tokens
         self._launch = kern.launch * L
@@ -142,13 +164,18 @@ class ProfileTiming:
             read_time = 0.0
             for c, ctx_i in shape.prefills:
                 n += c
-                k = ctx_i + (c + 1) * 0.5  # mean keys per query
                 c_tiles = -(-c // self._q_tile)
                 tiles += c_tiles
-                pair_time += c_tiles * self._q_tile * (k + self._k_half)
+                c_pad = c_tiles * self._q_tile
+                if self._calibrated:  # in-chunk causal pairs + pairs over the cached context
+                    pair_time += c_pad * ((c + 1) * 0.5 * self._pair_time
+                                          + ctx_i * self._ctx_pair_time)
+                else:
+                    k = ctx_i + (c + 1) * 0.5  # mean keys per query
+                    pair_time += c_pad * (k + self._k_half) * self._pair_time
                 read_time += (ctx_i + c) * self._ctx_time
             occupancy = min(1.0, tiles / self._tiles_full)
-            t += max(pair_time * self._pair_time / occupancy, read_time) + self._launch
+            t += max(pair_time / occupancy, read_time) + self._launch
         if b_d:
             t += (sum(decodes) + b_d * (1 + self._page)) * self._ctx_time + self._launch
         t += self.linear_time(n) + self.lm_head_time(seqs)

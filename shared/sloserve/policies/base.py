@@ -261,8 +261,11 @@ class BatchBuilder:
     def offload(self, req: Request) -> None:
         self._remove(req, self._plan.offloaded)
 
-    def drop(self, req: Request) -> None:
+    def drop(self, req: Request, reason: str | None = None) -> None:
+        """End ``req`` as dropped; ``reason`` (if given) is what the client is told."""
         self._remove(req, self._plan.dropped)
+        if reason is not None:
+            self._plan.drop_reasons[req.request_id] = reason
 
     def build(self) -> BatchPlan:
         return self._plan
@@ -271,12 +274,15 @@ class BatchBuilder:
 def add_decodes(b: BatchBuilder, decodes: Sequence[Request]) -> None:
     """Give every running decode its next token, preempting by recompute when KV runs out.
 
-    vLLM's rule: the victim is the most recently admitted running request
-    (the tail of ``decodes``); a request with nobody left to evict preempts itself.
+    vLLM's rule (V0 ``Scheduler._schedule``: ``policy.sort_by_priority`` sorts the
+    running queue FCFS by arrival, the front is served first, victims are
+    ``running.pop()``): the victim is the running request that arrived last;
+    a request with nobody left to evict preempts itself.
+    The victims re-enter the waiting queue's front in arrival order (``Instance``).
     """
     if b.add_decodes_if_all_fit(decodes):
         return
-    queue = list(decodes)
+    queue = sorted(decodes, key=lambda r: r.arrival_time)  # stable: admission order on ties
     while queue:
         req = queue.pop(0)
         while b.blocks_needed(req, 1) > b.free_blocks:

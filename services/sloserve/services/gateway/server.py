@@ -131,8 +131,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.ctl.on_tokens(fresh)
         if out.offloaded or out.dropped:
             offloaded = [f.req for r in out.offloaded if (f := self._located(r, instance_id))]
-            dropped = [f.req for d in out.dropped
-                       if (f := self._located(d.request_id, instance_id))]
+            dropped = []
+            for d in out.dropped:
+                if (f := self._located(d.request_id, instance_id)) is not None:
+                    f.req.drop_reason = d.reason or None  # the policy's reason, if it gave one
+                    dropped.append(f.req)
             self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now)
         if out.HasField("state"):
             s = out.state

@@ -60,7 +60,7 @@ def _taken(
         out.offloaded.append(req.request_id)
     for req in dropped:
         svc.release(req.request_id)
-        out.dropped.add(request_id=req.request_id, reason=DROP_BY_POLICY)
+        out.dropped.add(request_id=req.request_id, reason=req.drop_reason or DROP_BY_POLICY)
 
 
 def _flush(svc: SchedulerService, report: Report | None) -> None:
