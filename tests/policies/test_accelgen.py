@@ -212,3 +212,56 @@ def test_bad_knobs_raise_value_error_naming_the_field() -> None:
         AccelGenConfig(gamma=-1.0)
     with pytest.raises(ValueError, match="min_token_budget"):
         AccelGenConfig(min_token_budget=100, max_token_budget=50)
+
+
+def test_queued_request_ttft_does_not_shrink_the_budget_running_tbt_does() -> None:
+    """Eq. 6's SLO_min is over the requests in the batch (their TBT), not the queue head."""
+    inst = make(num_blocks=2000, token_budget=512)
+    inst.add_request(rq("loose", 64, output=400, ttft=5.0, tbt=0.5), 0.0)
+    _, now = step(inst, 0.0)
+    # a queued request with a tiny TTFT but a loose TBT: S_b keeps the running TBT's value
+    inst.add_request(rq("quick-first", 3000, output=5, arrival=now, ttft=0.01, tbt=0.5), now)
+    step(inst, now)
+    assert policy(inst).token_budget == expected_budget(inst, 0.5) > 512
+
+
+def test_pivot_forward_size_is_measured_where_throughput_nearly_saturates() -> None:
+    from sloserve.batch import BatchShape
+    from sloserve.policies.accelgen_pivot import SATURATION, measure_pivot
+
+    def batch_time(shape: BatchShape) -> float:  # 20 ms fixed + 50 us per token
+        return 0.020 + 50e-6 * shape.num_tokens
+
+    pivot = measure_pivot(batch_time, step=64, max_tokens=8192)
+    rate = [n / batch_time(BatchShape(prefills=((n, 0),))) for n in (pivot - 64, pivot, 8192)]
+    assert rate[0] < SATURATION * rate[2] <= rate[1]
+    # the policy measures it on its own perf model when token_budget is unset
+    inst = make(num_blocks=2000)
+    inst.add_request(rq("r", 100, ttft=5.0, tbt=0.5), 0.0)
+    step(inst, 0.0)
+    assert policy(inst).s_pf == measure_pivot(PM.predict) != 512
+
+
+def test_long_prompt_is_at_least_4k_tokens_by_default() -> None:
+    """ERA's long prompt (§1: >= 4K tokens): two 3K prompts prefill together, two 5K do not."""
+    for prompt, together in ((3000, True), (5000, False)):
+        inst = make(num_blocks=4000, token_budget=8192, max_token_budget=8192)
+        for i in range(2):
+            inst.add_request(rq(f"p{i}", prompt, output=2, ttft=60.0, tbt=1.0), 0.0)
+        plan, _ = step(inst, 0.0)
+        assert (len(plan.items) == 2) is together
+
+
+def test_urgent_request_preempts_running_request_with_most_remaining_time() -> None:
+    """Algorithm 1 lines 2-4: no KV for an urgent request -> evict max-T_r work from B."""
+    inst = make(num_blocks=40, block_size=16, token_budget=512)
+    inst.add_request(rq("best-effort", 400, output=200), 0.0)  # 25 blocks, T_r = inf
+    inst.add_request(rq("online", 100, output=200, ttft=60.0, tbt=1.0), 0.0)  # 7 blocks
+    _, now = step(inst, 0.0)
+    assert {r.request_id for r in inst.running} == {"best-effort", "online"}
+    # due now: urgent, needs 13 blocks while 8 are free (less the 1% watermark)
+    inst.add_request(rq("urgent", 200, output=5, arrival=now, ttft=0.05, tbt=1.0), now)
+    plan, _ = step(inst, now)
+    assert plan.preempted == ["best-effort"]  # not "online": its T_r is smaller
+    assert tokens_of(plan)["urgent"] == 200 and "online" in tokens_of(plan)
+    assert policy(inst).num_urgent_preemptions == 1
