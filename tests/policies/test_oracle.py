@@ -52,7 +52,7 @@ def test_kv_shortage_preempts_the_request_with_most_work_left() -> None:
     inst = make(num_blocks=12, block_size=4, token_budget=64)
     inst.add_request(Request("long-left", 0.0, 8, 40), 0.0)
     _, now = step(inst, 0.0)
-    inst.add_request(Request("short-left", now, 8, 30), now)
+    inst.add_request(Request("short-left", now, 10, 30), now)  # it needs the next block
     preempted = []
     while not preempted:
         plan, now = step(inst, now)
