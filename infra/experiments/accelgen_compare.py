@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sloserve.perf.models import get_model
+from sloserve.policies.accelgen import AccelGenPolicy
 from sloserve.policies.accelgen_pivot import measure_pivot
 from sloserve.policies.sarathi import SarathiConfig
 from sloserve.sim.config import SimConfig
@@ -34,6 +35,7 @@ from sloserve.workload.mix import mix_traces, write_trace_csv
 MIX = {"sharegpt": 0.65, "arxiv": 0.175, "bwb": 0.175}  # 35 % long documents (§3: BookCorpus)
 KV_GB = 12.0  # AccelGen §3/§6.1: KV cache size
 POLICIES = ("accelgen", "vllm", "sarathi", "orca", "oracle")
+BUDGETED = {"sarathi": SarathiConfig}  # §3: "S_pf is used as the token budget" for every system
 KEYS = ("goodput_share", "goodput_rps", "throughput_tok_s", "token_slo_attainment",
         "jct_slo_attainment", "ttft_p50", "ttft_p99", "tbt_token_p99", "jct_p50", "jct_p99",
         "preemptions", "completed", "requests")
@@ -74,7 +76,7 @@ def run(trace: Path, regime: str, qps: float, n: int, s_pf: int, jct_share: floa
             policy=policy, trace=None, trace_file=str(trace), qps=qps, num_requests=n,
             ttft_slo=None, tbt_slo=0.1875, slo_mix="hetero", jct_share=jct_share, seed=seed,
             num_blocks=kv_blocks("llama-3-8b", KV_GB) if regime == "kv-pressure" else None,
-            policy_config=SarathiConfig(token_budget=s_pf) if policy == "sarathi" else None,
+            policy_config=(cls(token_budget=s_pf) if (cls := BUDGETED.get(policy)) else None),
         )
         t0 = time.perf_counter()
         sim = Simulation(cfg)
@@ -84,7 +86,7 @@ def run(trace: Path, regime: str, qps: float, n: int, s_pf: int, jct_share: floa
                      "wall_s": round(time.perf_counter() - t0, 1),
                      **{k: out.get(k) for k in KEYS}})
         pol = sim.instances[0].policy
-        if hasattr(pol, "num_urgent_preemptions"):  # AccelGen Alg. 1 lines 2-4
+        if isinstance(pol, AccelGenPolicy):  # Alg. 1 lines 2-4 and the S_pf it measured
             rows[-1]["urgent_preemptions"] = pol.num_urgent_preemptions
             rows[-1]["s_pf"] = pol.s_pf
         print(json.dumps(rows[-1]), flush=True)

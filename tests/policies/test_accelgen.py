@@ -265,3 +265,13 @@ def test_urgent_request_preempts_running_request_with_most_remaining_time() -> N
     assert plan.preempted == ["best-effort"]  # not "online": its T_r is smaller
     assert tokens_of(plan)["urgent"] == 200 and "online" in tokens_of(plan)
     assert policy(inst).num_urgent_preemptions == 1
+
+
+def test_urgent_preemption_can_be_switched_off() -> None:
+    inst = make(num_blocks=40, block_size=16, token_budget=512, preempt_for_urgent=False)
+    inst.add_request(rq("best-effort", 400, output=200), 0.0)
+    inst.add_request(rq("online", 100, output=200, ttft=60.0, tbt=1.0), 0.0)
+    _, now = step(inst, 0.0)
+    inst.add_request(rq("urgent", 200, output=5, arrival=now, ttft=0.05, tbt=1.0), now)
+    plan, _ = step(inst, now)
+    assert not plan.preempted and "urgent" not in tokens_of(plan)

@@ -66,7 +66,8 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     cfg = SimConfig(
         policy="sarathi", model=model, trace=args.trace, trace_file=args.trace_file,
         qps=args.qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
-        slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv, seed=args.seed, gpu=gpu,
+        slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
+        seed=args.seed, gpu=gpu,
     )
     cfg.validate()
     timing = build_timing(cfg) if args.slo_mix else None

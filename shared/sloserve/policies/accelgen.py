@@ -21,7 +21,7 @@ at a time (ERA, §4.2). JCT SLOs become per-iteration waiting allowances (``slo`
 
 Config: ``AccelGenConfig`` (``token_budget`` as S_pf, ``min_token_budget``,
 ``max_token_budget``, ``long_prompt_threshold``, ``max_num_seqs``, ``gamma``,
-``select_window``, ``jct_preempt_max``, ``jct_preempt_prob``).
+``select_window``, ``preempt_for_urgent``, ``jct_preempt_max``, ``jct_preempt_prob``).
 """
 
 from __future__ import annotations
@@ -73,11 +73,14 @@ class AccelGenConfig(BudgetConfig):
     min_token_budget: int = knob(32, "floor of the dynamic token budget S_b (§4.2)", min=1)
     max_token_budget: int = knob(4096, "ceiling of the dynamic token budget S_b (§4.2)", min=1)
     long_prompt_threshold: int = knob(
-        LONG_PROMPT, "prompts at least this long are long: one at a time in prefill (ERA, §4.2)", min=1)
+        LONG_PROMPT, "prompts at least this long are long (§1: >= 4K): one at a time in "
+        "prefill (ERA, §4.2)", min=1)
     gamma: float = knob(0.75, "SelectRequests window: remaining time within T_r^1 + gamma, s "
                         "(§4.4, §6.1)", min=0.0)
     select_window: int = knob(64, "waiting requests SelectRequests examines per iteration",
                               min=1)
+    preempt_for_urgent: bool = knob(
+        True, "an urgent request without KV preempts max-T_r running work (Alg. 1 lines 2-4)")
     jct_preempt_max: float = knob(0.0, "JCT slack: the P_max preemption allowance, s (§4.3)",
                                   min=0.0)
     jct_preempt_prob: float = knob(0.0, "JCT slack: the preemption probability P (§4.3)",
@@ -217,7 +220,7 @@ class AccelGenPolicy(Policy):
         enough can be freed. Whether any were preempted."""
         kv = b.view.kv
         need = kv.blocks_for(req.num_tokens) + int(WATERMARK * kv.num_blocks)
-        if need > kv.num_blocks:
+        if not self.config.preempt_for_urgent or need > kv.num_blocks:
             return False
         bar = max(self.t_max, t_r)
         cands = sorted(
