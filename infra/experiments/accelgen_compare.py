@@ -7,7 +7,8 @@ heterogeneous SLOs (TTFT from the prompt-group latency × U[0.5, 1.5], TBT
 we ship no BookCorpus), two regimes — the default KV pool (vLLM's sizing of an
 80 GB A100) and 12 GB of KV ("kv-pressure") — at a few arrival rates. Policies:
 accelgen, vllm, sarathi (token budget = S_pf, as §3 runs every system), orca
-(batch 8, 8K reservation, §3) and the output-length oracle (SRPT, §6.1 stand-in).
+(batch 8, 8K reservation, §3) and the output-length oracle (SRPT, §6.1 stand-in), plus
+AccelGen without Algorithm 1's urgent preemption (ablation).
 
 Usage: python infra/experiments/accelgen_compare.py [--num-requests 400]
        [--qps 1,2] [--out docs/results/accelgen_compare.json]
@@ -20,13 +21,14 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sloserve.perf.models import get_model
-from sloserve.policies.accelgen import AccelGenPolicy
+from sloserve.policies.accelgen import AccelGenConfig, AccelGenPolicy
 from sloserve.policies.accelgen_pivot import measure_pivot
+from sloserve.policies.base import PolicyConfig
 from sloserve.policies.sarathi import SarathiConfig
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import Simulation
@@ -34,8 +36,17 @@ from sloserve.workload.mix import mix_traces, write_trace_csv
 
 MIX = {"sharegpt": 0.65, "arxiv": 0.175, "bwb": 0.175}  # 35 % long documents (§3: BookCorpus)
 KV_GB = 12.0  # AccelGen §3/§6.1: KV cache size
-POLICIES = ("accelgen", "vllm", "sarathi", "orca", "oracle")
-BUDGETED = {"sarathi": SarathiConfig}  # §3: "S_pf is used as the token budget" for every system
+# (label, policy, its config given S_pf; None: the policy's defaults)
+RUNS: tuple[tuple[str, str, Callable[[int], PolicyConfig] | None], ...] = (
+    ("accelgen", "accelgen", None),
+    ("vllm", "vllm", None),
+    ("sarathi", "sarathi", lambda s_pf: SarathiConfig(token_budget=s_pf)),  # §3: S_pf budget
+    ("orca", "orca", None),
+    ("oracle", "oracle", None),
+    # ablation: Algorithm 1 lines 2-4 (preempting running work for urgent requests) off
+    ("accelgen-no-urgent-preempt", "accelgen",
+     lambda _: AccelGenConfig(preempt_for_urgent=False)),
+)
 KEYS = ("goodput_share", "goodput_rps", "throughput_tok_s", "token_slo_attainment",
         "jct_slo_attainment", "ttft_p50", "ttft_p99", "tbt_token_p99", "jct_p50", "jct_p99",
         "preemptions", "completed", "requests")
@@ -71,17 +82,17 @@ def _ratio(a: Any, b: Any) -> float | None:
 def run(trace: Path, regime: str, qps: float, n: int, s_pf: int, jct_share: float,
         seed: int) -> list[dict[str, Any]]:
     rows = []
-    for policy in POLICIES:
+    for label, policy, make_config in RUNS:
         cfg = SimConfig(
             policy=policy, trace=None, trace_file=str(trace), qps=qps, num_requests=n,
             ttft_slo=None, tbt_slo=0.1875, slo_mix="hetero", jct_share=jct_share, seed=seed,
             num_blocks=kv_blocks("llama-3-8b", KV_GB) if regime == "kv-pressure" else None,
-            policy_config=(cls(token_budget=s_pf) if (cls := BUDGETED.get(policy)) else None),
+            policy_config=make_config(s_pf) if make_config else None,
         )
         t0 = time.perf_counter()
         sim = Simulation(cfg)
         out = sim.run()
-        rows.append({"regime": regime, "qps": qps, "policy": policy,
+        rows.append({"regime": regime, "qps": qps, "policy": label,
                      "kv_blocks": sim.instances[0].kv.num_blocks,
                      "wall_s": round(time.perf_counter() - t0, 1),
                      **{k: out.get(k) for k in KEYS}})
