@@ -79,7 +79,8 @@ def test_budget_is_clamped_to_min_and_max() -> None:
     for slo, want in ((1e-4, 40), (100.0, 900)):
         inst = make(token_budget=512, min_token_budget=40, max_token_budget=900)
         inst.add_request(rq("r", 5000, ttft=slo, tbt=slo), 0.0)
-        plan, _ = step(inst, 0.0)
+        _, now = step(inst, 0.0)  # waiting: its SLO is no iteration bound yet
+        plan, _ = step(inst, now)  # running (in prefill): its TBT is SLO_min
         assert policy(inst).token_budget == want == plan.num_tokens
     inst = make(token_budget=512)
     inst.add_request(rq("best-effort", 5000), 0.0)
@@ -98,7 +99,7 @@ def test_waiting_requests_run_in_ascending_remaining_time_not_fcfs() -> None:
 
 
 def test_urgent_request_goes_before_ongoing_non_urgent_prefill() -> None:
-    inst = make(token_budget=512, long_prompt_threshold=100_000)
+    inst = make(token_budget=512, max_token_budget=512, long_prompt_threshold=100_000)
     inst.add_request(rq("ongoing", 8000, ttft=100.0, tbt=1.0), 0.0)
     plan, now = step(inst, 0.0)
     assert "ongoing" in tokens_of(plan)
@@ -106,7 +107,7 @@ def test_urgent_request_goes_before_ongoing_non_urgent_prefill() -> None:
     inst.add_request(rq("urgent", 300, arrival=now, ttft=0.1, tbt=1.0), now)
     plan, _ = step(inst, now)
     got, b = tokens_of(plan), policy(inst).token_budget
-    assert 300 <= b < 600
+    assert b == 512
     assert got["urgent"] == 300 and got["ongoing"] == b - 300
 
 
@@ -151,12 +152,14 @@ def test_running_decodes_are_never_stalled_by_a_small_budget() -> None:
     for i in range(40):
         inst.add_request(rq(f"d{i}", 16, output=300, ttft=5.0, tbt=1.0), 0.0)
     _, now = step(inst, 0.0)
+    _, now = step(inst, now)  # all 40 running
     # a request with a 1 ms TBT joins: S_b collapses to the 8-token floor
     inst.add_request(rq("tight", 4000, arrival=now, ttft=0.001, tbt=0.001), now)
+    _, now = step(inst, now)  # tight starts; from now on it bounds S_b
     for _ in range(5):
         decoding = {r.request_id for r in inst.running if r.is_decode}
         plan, now = step(inst, now)
-        assert policy(inst).token_budget == 8 < len(decoding) == 40
+        assert policy(inst).token_budget == 8 < 40 <= len(decoding)
         assert decoding <= set(tokens_of(plan))
 
 
@@ -209,3 +212,66 @@ def test_bad_knobs_raise_value_error_naming_the_field() -> None:
         AccelGenConfig(gamma=-1.0)
     with pytest.raises(ValueError, match="min_token_budget"):
         AccelGenConfig(min_token_budget=100, max_token_budget=50)
+
+
+def test_queued_request_ttft_does_not_shrink_the_budget_running_tbt_does() -> None:
+    """Eq. 6's SLO_min is over the requests in the batch (their TBT), not the queue head."""
+    inst = make(num_blocks=2000, token_budget=512)
+    inst.add_request(rq("loose", 64, output=400, ttft=5.0, tbt=0.5), 0.0)
+    _, now = step(inst, 0.0)
+    # a queued request with a tiny TTFT but a loose TBT: S_b keeps the running TBT's value
+    inst.add_request(rq("quick-first", 3000, output=5, arrival=now, ttft=0.01, tbt=0.5), now)
+    step(inst, now)
+    assert policy(inst).token_budget == expected_budget(inst, 0.5) > 512
+
+
+def test_pivot_forward_size_is_measured_where_throughput_nearly_saturates() -> None:
+    from sloserve.batch import BatchShape
+    from sloserve.policies.accelgen_pivot import SATURATION, measure_pivot
+
+    def batch_time(shape: BatchShape) -> float:  # 20 ms fixed + 50 us per token
+        return 0.020 + 50e-6 * shape.num_tokens
+
+    pivot = measure_pivot(batch_time, step=64, max_tokens=8192)
+    rate = [n / batch_time(BatchShape(prefills=((n, 0),))) for n in (pivot - 64, pivot, 8192)]
+    assert rate[0] < SATURATION * rate[2] <= rate[1]
+    # the policy measures it on its own perf model when token_budget is unset
+    inst = make(num_blocks=2000)
+    inst.add_request(rq("r", 100, ttft=5.0, tbt=0.5), 0.0)
+    step(inst, 0.0)
+    assert policy(inst).s_pf == measure_pivot(PM.predict) != 512
+
+
+def test_long_prompt_is_at_least_4k_tokens_by_default() -> None:
+    """ERA's long prompt (§1: >= 4K tokens): two 3K prompts prefill together, two 5K do not."""
+    for prompt, together in ((3000, True), (5000, False)):
+        inst = make(num_blocks=4000, token_budget=8192, max_token_budget=8192)
+        for i in range(2):
+            inst.add_request(rq(f"p{i}", prompt, output=2, ttft=60.0, tbt=1.0), 0.0)
+        plan, _ = step(inst, 0.0)
+        assert (len(plan.items) == 2) is together
+
+
+def test_urgent_request_preempts_running_request_with_most_remaining_time() -> None:
+    """Algorithm 1 lines 2-4: no KV for an urgent request -> evict max-T_r work from B."""
+    inst = make(num_blocks=40, block_size=16, token_budget=512)
+    inst.add_request(rq("best-effort", 400, output=200), 0.0)  # 25 blocks, T_r = inf
+    inst.add_request(rq("online", 100, output=200, ttft=60.0, tbt=1.0), 0.0)  # 7 blocks
+    _, now = step(inst, 0.0)
+    assert {r.request_id for r in inst.running} == {"best-effort", "online"}
+    # due now: urgent, needs 13 blocks while 8 are free (less the 1% watermark)
+    inst.add_request(rq("urgent", 200, output=5, arrival=now, ttft=0.05, tbt=1.0), now)
+    plan, _ = step(inst, now)
+    assert plan.preempted == ["best-effort"]  # not "online": its T_r is smaller
+    assert tokens_of(plan)["urgent"] == 200 and "online" in tokens_of(plan)
+    assert policy(inst).num_urgent_preemptions == 1
+
+
+def test_urgent_preemption_can_be_switched_off() -> None:
+    inst = make(num_blocks=40, block_size=16, token_budget=512, preempt_for_urgent=False)
+    inst.add_request(rq("best-effort", 400, output=200), 0.0)
+    inst.add_request(rq("online", 100, output=200, ttft=60.0, tbt=1.0), 0.0)
+    _, now = step(inst, 0.0)
+    inst.add_request(rq("urgent", 200, output=5, arrival=now, ttft=0.05, tbt=1.0), now)
+    plan, _ = step(inst, now)
+    assert not plan.preempted and "urgent" not in tokens_of(plan)

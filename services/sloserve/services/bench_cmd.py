@@ -47,6 +47,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--ttft-slo", type=float, default=None, help=f"seconds (default {TTFT_SLO})")
     p.add_argument("--tbt-slo", type=float, default=None, help=f"seconds (default {TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None)
+    p.add_argument("--jct-share", type=float, default=0.0,
+                   help="with --slo-mix hetero: share of offline JCT-SLO requests (AccelGen §4.3)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -64,7 +66,8 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     cfg = SimConfig(
         policy="sarathi", model=model, trace=args.trace, trace_file=args.trace_file,
         qps=args.qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
-        slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, gpu=gpu,
+        slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
+        seed=args.seed, gpu=gpu,
     )
     cfg.validate()
     timing = build_timing(cfg) if args.slo_mix else None

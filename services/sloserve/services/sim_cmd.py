@@ -46,6 +46,9 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,
                    help="per-request SLOs drawn as AccelGen §3/§6.1 do")
+    p.add_argument("--jct-share", type=float, default=0.0,
+                   help="with --slo-mix hetero: share of offline requests that carry only a "
+                        "JCT SLO (AccelGen §4.3; default 0)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=_positive(float), default=1.0, help="gamma arrivals' CV")
     p.add_argument("--seed", type=int, default=0)
@@ -80,7 +83,8 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         policy=args.policy, model=args.model, gpu=args.gpu, instances=args.instances,
         hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
-        slo_mix=args.slo_mix, arrival=args.arrival, cv=args.cv, seed=args.seed, tp=args.tp,
+        slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
+        seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, timing_profile=args.timing_profile,
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
     )

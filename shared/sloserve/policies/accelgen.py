@@ -2,14 +2,17 @@
 
 Each iteration:
 1. Token budget (§4.2, Eq. 6): ``S_b = S_pf · SLO_min / T_pf``, with ``S_pf`` the
-   pivot forward size (``token_budget``), ``T_pf`` its *predicted* time, and
-   ``SLO_min`` the tightest iteration-level SLO among running requests and the
-   head of the waiting queue; clamped to [``min_token_budget``, ``max_token_budget``].
+   pivot forward size (measured on the perf model at the first iteration,
+   ``accelgen_pivot``, unless ``token_budget`` sets it), ``T_pf`` its *predicted*
+   time, and ``SLO_min`` the tightest TBT SLO among the running requests (the
+   requests "in a batch"); clamped to [``min_token_budget``, ``max_token_budget``].
 2. Every running decode gets its token (stall-free; the builder's budget is at
    least the number of decodes). When KV runs out the running request with the
    largest remaining time ``T_r`` is preempted (Algorithm 1 lines 2-4).
 3. Urgent requests (``T_r <= T_max``, §4.3), ongoing prefills and waiting ones,
-   in ascending ``T_r``; then the other ongoing prefills (chunking continues).
+   in ascending ``T_r``; an urgent waiting request that finds no KV preempts
+   running requests with the largest ``T_r`` (non-urgent, later than it) until it
+   fits (Algorithm 1 lines 2-4); then the other ongoing prefills.
 4. SelectRequests (Algorithm 2) over windows of the waiting queue with ``T_r``
    within ``T_r^1 + gamma``: nearest (compute, KV) demand to what is left; then
    the first request left is chunked to fill ``S_b`` (dynamic chunking, §4.2).
@@ -18,7 +21,7 @@ at a time (ERA, §4.2). JCT SLOs become per-iteration waiting allowances (``slo`
 
 Config: ``AccelGenConfig`` (``token_budget`` as S_pf, ``min_token_budget``,
 ``max_token_budget``, ``long_prompt_threshold``, ``max_num_seqs``, ``gamma``,
-``select_window``, ``jct_preempt_max``, ``jct_preempt_prob``).
+``select_window``, ``preempt_for_urgent``, ``jct_preempt_max``, ``jct_preempt_prob``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan, BatchShape
+from sloserve.policies.accelgen_pivot import measure_pivot
 from sloserve.policies.accelgen_select import Demand, Entry, RemainingTimeQueue, nearest_first
 from sloserve.policies.base import (
     BatchBuilder,
@@ -38,9 +42,10 @@ from sloserve.policies.base import (
     knob,
 )
 from sloserve.request import Request
-from sloserve.slo import JctClock, JctSlack, iteration_slo, jct_allowed_wait, remaining_time
+from sloserve.slo import JctClock, JctSlack, jct_allowed_wait, remaining_time
 
 WATERMARK = 0.01  # share of KV kept free when admitting (vLLM's, as in ``can_admit``)
+LONG_PROMPT = 4096  # tokens: a "long prompt" (§1: "long prompts (containing >= 4K tokens)")
 
 
 def dynamic_token_budget(s_pf: int, slo_min: float | None, t_pf: float, lo: int, hi: int) -> int:
@@ -63,20 +68,28 @@ class AccelGenConfig(BudgetConfig):
     """AccelGen's knobs (§4.2-§4.4, §6.1)."""
 
     token_budget: int | None = knob(
-        None, "AccelGen: pivot forward size S_pf of Eq. 6 (default: the Sarathi rule, 512 "
-        "under a strict TBT SLO, else 2048)", min=1)
+        None, "AccelGen: pivot forward size S_pf of Eq. 6 (default: measured on the perf "
+        "model, the forward size where tokens/s nearly saturates, §3)", min=1)
     min_token_budget: int = knob(32, "floor of the dynamic token budget S_b (§4.2)", min=1)
     max_token_budget: int = knob(4096, "ceiling of the dynamic token budget S_b (§4.2)", min=1)
     long_prompt_threshold: int = knob(
-        2048, "prompts at least this long are long: one at a time in prefill (ERA, §4.2)", min=1)
+        LONG_PROMPT, "prompts at least this long are long (§1: >= 4K): one at a time in "
+        "prefill (ERA, §4.2)", min=1)
     gamma: float = knob(0.75, "SelectRequests window: remaining time within T_r^1 + gamma, s "
                         "(§4.4, §6.1)", min=0.0)
     select_window: int = knob(64, "waiting requests SelectRequests examines per iteration",
                               min=1)
+    preempt_for_urgent: bool = knob(
+        True, "an urgent request without KV preempts max-T_r running work (Alg. 1 lines 2-4)")
     jct_preempt_max: float = knob(0.0, "JCT slack: the P_max preemption allowance, s (§4.3)",
                                   min=0.0)
     jct_preempt_prob: float = knob(0.0, "JCT slack: the preemption probability P (§4.3)",
                                    min=0.0, max=1.0)
+
+    def resolved(self, *, tbt_slo: float | None = None,
+                 slo_mix: str | None = None) -> AccelGenConfig:
+        """Unchanged: an unset ``token_budget`` is S_pf, measured by the policy (§3)."""
+        return self
 
     def check(self) -> None:
         if self.min_token_budget > self.max_token_budget:
@@ -96,13 +109,15 @@ class AccelGenPolicy(Policy):
         self.select_window = cfg.select_window
         self.preempt_max = cfg.jct_preempt_max
         self.preempt_prob = cfg.jct_preempt_prob
-        self.s_pf = cfg.budget  # the pivot forward size S_pf
+        self.s_pf = cfg.token_budget  # the pivot forward size S_pf; None: measured (§3)
         self.queue = RemainingTimeQueue()
         self.jct: dict[str, JctClock] = {}
-        self.token_budget = self.s_pf  # S_b of the latest iteration
+        self.token_budget = cfg.budget  # S_b of the latest iteration (S_pf once measured)
         self.t_max = 0.0  # predicted time of a full S_b batch, latest iteration
         self._long_busy = False  # a long prompt is in prefill (ERA), this iteration
         self._popped: list[Entry] = []  # waiting entries taken from the queue, this iteration
+        self._running: Sequence[Request] = ()  # the instance's running requests, this iteration
+        self.num_urgent_preemptions = 0  # running requests preempted for urgent ones (Alg. 1)
 
     # --- per-request remaining time (§4.3) ------------------------------------
     def _is_long(self, req: Request) -> bool:
@@ -130,15 +145,15 @@ class AccelGenPolicy(Policy):
     # --- one iteration (Algorithm 1) -------------------------------------------
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg, now, q = self.config, view.now, self.queue
+        if self.s_pf is None:  # §3: measure S_pf once, on what the scheduler may see
+            self.s_pf = self.token_budget = measure_pivot(view.perf_model.predict)
         q.key_pending(lambda r: now + self._remaining(r, now))
         if len(q) != len(view.waiting):
             q.rebuild(view.waiting, lambda r: now + self._remaining(r, now))
 
-        # §4.2: SLO_min over the running requests and the head of the waiting queue
-        slos = [s for r in view.running if (s := iteration_slo(r)) is not None]
-        head = q.peek()
-        if head is not None and (s := iteration_slo(head.req)) is not None:
-            slos.append(s)
+        # §4.2: SLO_min over the iteration SLOs (TBT) of the requests in the batch: the
+        # running ones. A TTFT spans all of a prompt's chunks, so it is no iteration bound.
+        slos = [s for r in view.running if (s := r.slo.tbt) is not None]
         decodes = [r for r in view.running if r.is_decode]
         s_pf = self.s_pf
         t_pf = view.perf_model.predict(pivot_batch(s_pf, decodes))
@@ -148,6 +163,7 @@ class AccelGenPolicy(Policy):
         self.token_budget, self.t_max = s_b, t_pf * s_b / s_pf
 
         b = BatchBuilder(view, max(s_b, len(decodes)), cfg.max_num_seqs)
+        self._running = view.running
         self._add_decodes(b, view.running, decodes, now)
         prefills = [r for r in view.running if r.in_prefill and not b.removed(r)]
         self._long_busy = any(self._is_long(r) for r in prefills)
@@ -157,13 +173,17 @@ class AccelGenPolicy(Policy):
         # (a waiting one that finds no KV blocks the rest: it is the most urgent, §4.3)
         urgent = [(t_r, r) for r in prefills if (t_r := self._remaining(r, now)) <= self.t_max]
         urgent.sort(key=lambda x: x[0], reverse=True)
-        while self._room(b) and (e := q.peek()) and e.latest_start - now <= self.t_max:
+        while self._slot(b) and (e := q.peek()) and e.latest_start - now <= self.t_max:
             while urgent and urgent[-1][0] <= e.latest_start - now:
                 self._add_prefill(b, urgent.pop()[1])
-            if not self._room(b) or self._pop() is None:
+            if not self._slot(b) or self._pop() is None:
                 break
+            if self._long_busy and self._is_long(e.req):
+                continue  # ERA: waits for the long prompt in prefill
             self._add_prefill(b, e.req)
-            if not b.contains(e.req) and not (self._long_busy and self._is_long(e.req)):
+            if not b.contains(e.req) and self._preempt_for(b, e.req, e.latest_start - now, now):
+                self._add_prefill(b, e.req)
+            if not b.contains(e.req):
                 break
         for _, req in reversed(urgent):
             self._add_prefill(b, req)
@@ -188,6 +208,37 @@ class AccelGenPolicy(Policy):
             return None
         self._popped.append(e)
         return e
+
+    @staticmethod
+    def _slot(b: BatchBuilder) -> bool:
+        """Whether a new request could still join, KV aside: budget and a sequence slot."""
+        return b.tokens_left > 0 and b.num_seqs < b.max_num_seqs
+
+    def _preempt_for(self, b: BatchBuilder, req: Request, t_r: float, now: float) -> bool:
+        """Algorithm 1 lines 2-4: free KV for urgent ``req`` by preempting running requests
+        with the largest ``T_r`` — only non-urgent ones later than ``req``, and only if
+        enough can be freed. Whether any were preempted."""
+        kv = b.view.kv
+        need = kv.blocks_for(req.num_tokens) + int(WATERMARK * kv.num_blocks)
+        if not self.config.preempt_for_urgent or need > kv.num_blocks:
+            return False
+        bar = max(self.t_max, t_r)
+        cands = sorted(
+            ((t, r) for r in self._running
+             if not b.removed(r) and (t := self._remaining(r, now)) > bar),
+            key=lambda x: x[0], reverse=True)
+        free, victims = b.free_blocks, []
+        for _, r in cands:
+            if free >= need:
+                break
+            free += kv.num_blocks_of(r.request_id) + b.scheduled_blocks(r)
+            victims.append(r)
+        if free < need or not victims:
+            return False
+        for r in victims:
+            b.preempt_scheduled(r)
+        self.num_urgent_preemptions += len(victims)
+        return True
 
     @staticmethod
     def _room(b: BatchBuilder) -> bool:

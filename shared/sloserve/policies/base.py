@@ -258,6 +258,25 @@ class BatchBuilder:
         """Preempt by recompute: its blocks return to the pool for this batch."""
         self._remove(req, self._plan.preempted)
 
+    def scheduled_blocks(self, req: Request) -> int:
+        """New blocks ``req``'s item in this batch takes (0 if it has none)."""
+        item = next((i for i in self._plan.items if i.request_id == req.request_id), None)
+        if item is None:
+            return 0
+        return self.view.kv.blocks_needed(req.request_id, req.num_computed + item.num_tokens)
+
+    def preempt_scheduled(self, req: Request) -> None:
+        """Preempt ``req`` even if it is already in this batch: its item is taken out first
+        (AccelGen Algorithm 1 lines 2-4 evict from the batch being formed)."""
+        rid = req.request_id
+        if rid in self._in_batch:
+            item = next(i for i in self._plan.items if i.request_id == rid)
+            self.free_blocks += self.scheduled_blocks(req)
+            self.tokens_used -= item.num_tokens
+            self._plan.items.remove(item)
+            self._in_batch.discard(rid)
+        self.preempt(req)
+
     def offload(self, req: Request) -> None:
         self._remove(req, self._plan.offloaded)
 

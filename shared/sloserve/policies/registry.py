@@ -16,6 +16,8 @@ from sloserve.policies.ascendra import AscendraConfig
 from sloserve.policies.ascendra_hp import AscendraHPPolicy
 from sloserve.policies.ascendra_lp import AscendraLPPolicy
 from sloserve.policies.base import Policy, PolicyConfig
+from sloserve.policies.oracle import OracleConfig, OraclePolicy
+from sloserve.policies.orca import OrcaConfig, OrcaPolicy
 from sloserve.policies.sarathi import SarathiConfig, SarathiPolicy
 from sloserve.policies.vllm import VllmConfig, VllmPolicy
 
@@ -70,6 +72,8 @@ _SPECS: dict[str, PolicySpec] = {
         PolicySpec("ascendra", AscendraConfig,
                    MappingProxyType({"lp": AscendraLPPolicy, "hp": AscendraHPPolicy}), hp_share=3),
         PolicySpec("accelgen", AccelGenConfig, MappingProxyType({"lp": AccelGenPolicy})),
+        PolicySpec("orca", OrcaConfig, MappingProxyType({"lp": OrcaPolicy})),
+        PolicySpec("oracle", OracleConfig, MappingProxyType({"lp": OraclePolicy})),
     )
 }
 

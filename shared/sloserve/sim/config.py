@@ -25,6 +25,7 @@ class SimConfig:
     ttft_slo: float | None = TTFT_SLO
     tbt_slo: float | None = TBT_SLO
     slo_mix: str | None = None
+    jct_share: float = 0.0  # offline requests with only a JCT SLO (hetero mix, AccelGen §4.3)
     arrival: str = "poisson"  # poisson | gamma | trace
     cv: float = 1.0  # gamma arrivals' coefficient of variation
     seed: int = 0
@@ -51,6 +52,11 @@ class SimConfig:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
+        if not 0.0 <= self.jct_share <= 1.0:
+            raise ValueError(f"jct_share (--jct-share): must be in [0, 1], got {self.jct_share!r}")
+        if self.jct_share and self.slo_mix != "hetero":
+            raise ValueError("jct_share (--jct-share): offline JCT requests are part of the "
+                             "heterogeneous mix; add --slo-mix hetero")
         if self.noise_cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {self.noise_cv}")
 

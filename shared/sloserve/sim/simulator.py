@@ -66,6 +66,7 @@ def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> W
         ttft_slo=cfg.ttft_slo,
         tbt_slo=cfg.tbt_slo,
         slo_mix=cfg.slo_mix,
+        jct_share=cfg.jct_share,
         batch_time=timing.batch_time if cfg.slo_mix else None,
         max_context=model.max_context,
     )
