@@ -282,11 +282,79 @@ def ascendra_script_rows() -> list[Row]:
 
 # ---------------------------------------------------------------- AccelGen, BestServe
 
+ACCELGEN_BASELINES = ("vllm", "sarathi", "orca", "oracle")
+
+
+def _range(xs: list[float]) -> str:
+    return "—" if not xs else f"{min(xs):.2f}–{max(xs):.2f}×"
+
+
+def _median(xs: list[float]) -> float | None:
+    return None if not xs else sorted(xs)[len(xs) // 2]
+
+
+ACCELGEN_METRICS = (  # key, label, paper claim key, the claim's low end, higher is better
+    ("goodput_share", "goodput", "goodput_x", 1.43, True),
+    ("throughput_tok_s", "throughput (tok/s)", "throughput_x", 1.42, True),
+    ("token_slo_attainment", "per-token SLO attainment", "slo_attainment", 1.37, True),
+    ("jct_p50", "median JCT (ratio baseline/AccelGen)", "jct_x", 1.61, False))
+ACCELGEN_WHY = {
+    "goodput_share": "half of the hetero TTFT SLOs (group prefill latency × U[0.5, 1.5], §3) "
+                     "are below an unloaded whole-prompt prefill: vLLM prefills whole prompts, "
+                     "every chunking policy lands the first token a few chunks later "
+                     "(docs/accelgen.md)",
+    "throughput_tok_s": "below saturation every policy serves the offered load; the paper's "
+                        "gains come from OPT-13B/175B iterations and memory limits we do not "
+                        "have (Orca's batch of 8 is the exception)",
+    "token_slo_attainment": "every stall-free policy already meets ≥ 0.99 of token gaps on "
+                            "20–110 ms iterations; only vLLM's prefill stalls leave room",
+    "jct_p50": "JCT follows queueing; under KV pressure AccelGen's decode-first batching "
+               "frees memory sooner",
+}
+
+
 def accelgen_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str]]:
+    """AccelGen §6 (Fig. 11, 14): ratios over every rate run, per regime and baseline.
+
+    A claim given as a range ("1.43–13.71×") is judged against its low end with our
+    median ratio: the paper says every setup gains at least that much.
+    """
     if not reuse:
-        run_script("accelgen_compare", ["--num-requests", str(k), "--out",
+        run_script("accelgen_compare", ["--num-requests", str(k), "--qps", "1,2,3", "--out",
                                         str(RESULTS / "accelgen_compare.json")])
-    return claims_rows("accelgen_compare"), []
+    data = load("accelgen_compare")
+    st, paper = data["setup"], data["paper"]
+    setup = (f"{st['model']}/{st['gpu']} simulated (paper: OPT-13B/175B); mix "
+             + ", ".join(f"{v:.0%} {t}" for t, v in st["mix"].items())
+             + f" (paper: 35 % BookCorpus); {st['num_requests']} requests; S_pf = "
+             f"{st['sarathi_token_budget']}")
+    by: dict[tuple[str, float], dict[str, dict[str, Any]]] = {}
+    for r in data["rows"]:
+        by.setdefault((r["regime"], r["qps"]), {})[r["policy"]] = r
+    rows: list[Row] = []
+    for regime in ("hetero", "kv-pressure"):
+        runs = [v for (rg, _), v in sorted(by.items()) if rg == regime]
+        where = setup + ("; KV cache 12 GB" if "kv" in regime else "; KV from GPU memory")
+        for key, label, pkey, plow, higher in ACCELGEN_METRICS:
+            ptext = paper[pkey]
+            cells, verdicts = [], []
+            for base in ("vllm", "sarathi", "orca"):
+                pairs = [(p.get("accelgen", {}).get(key), p.get(base, {}).get(key)) for p in runs]
+                rs = [x for a, b in pairs
+                      if (x := ratio(a, b) if higher else ratio(b, a)) is not None]
+                med = _median(rs)
+                cells.append(f"vs {base} {_range(rs)} (median {fmt(med)}×)")
+                verdicts.append(f"{base}: {verdict(plow, med)}")
+            rows.append(Row(f"{label}, {regime}, {len(runs)} rates", ptext, "; ".join(cells),
+                            where, "; ".join(verdicts), ACCELGEN_WHY[key]))
+        rs = [x for pols in runs
+              if (x := ratio(pols.get("oracle", {}).get("goodput_share"),
+                             pols.get("accelgen", {}).get("goodput_share"))) is not None]
+        rows.append(Row(f"oracle / AccelGen goodput, {regime}", paper["oracle"], _range(rs),
+                        where, "n/a (baseline check)",
+                        "our oracle is SRPT on true output lengths, not the paper's offline "
+                        "goodput search: no upper bound"))
+    return rows, []
 
 
 def bestserve_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str]]:
