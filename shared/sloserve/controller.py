@@ -17,9 +17,10 @@ Rules:
   no ticketed request of its own is still before its first token (§6.1:
   "only one ticketed request is allowed at a time"); ``ticket_entry=False``
   keeps new requests off HP.
-* Offloads go to the healthy HP with the fewest waiting prefills, ties
-  round-robin (§4: round-robin within a pool). With no HP to take it an
-  offloaded request is dropped (an offload is a request about to miss).
+* Offloads go round-robin over the healthy HP instances (§4: "within each
+  pool, requests are assigned to instances in a round-robin manner"). With no
+  HP to take it an offloaded request is dropped (an offload is a request
+  about to miss).
 * A request the policy drops ends as a drop; a cancelled or finished one
   is forgotten; a first token (or leaving the HP before it) frees its ticket.
 * A lost instance takes no new work; its requests are re-run elsewhere
@@ -102,6 +103,7 @@ class Controller:
         self.ticket_holder: dict[str, str | None] = dict.fromkeys(self.hp)
         self._next_new = 0
         self._next_hp = 0
+        self._next_offload = 0
         self.decisions: list[Action] | None = [] if record else None
 
     # --- queries ------------------------------------------------------------------
@@ -202,10 +204,9 @@ class Controller:
         if not hp:
             return None
         n = len(self.hp)
-        order = [self.hp[(self._next_hp + k) % n] for k in range(n)]
-        target = min((i for i in order if i in self.healthy),
-                     key=self.waiting_prefills.__getitem__)  # first of the least loaded
-        self._next_hp = (self.hp.index(target) + 1) % n
+        target = next(i for k in range(n)
+                      if (i := self.hp[(self._next_offload + k) % n]) in self.healthy)
+        self._next_offload = (self.hp.index(target) + 1) % n
         return target
 
     def _leave_prefill(self, request_id: str) -> None:
