@@ -141,3 +141,56 @@ def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> Non
         inst.add_request(resumed, 0.1)
         _, _, dropped = inst.schedule(1.0)  # "started", "resumed": past it but TTFT settled
         assert [r.request_id for r in dropped] == expect, drop_late
+
+
+def test_algorithm1_admits_whole_prefills_within_token_budget_n_and_breaks_at_a_misfit() -> None:
+    # N = 300: "a" fits whole, "b" would need a chunk, so admission stops there (Alg. 1's
+    # break) rather than Sarathi's fill-the-budget chunking; "c" is never looked at.
+    inst = make_instance("ascendra-lp", token_budget=300, offload_threshold=0.0)
+    inst.add_request(req("a", 200, ttft=1.0), 0.0)
+    inst.add_request(req("b", 200, ttft=2.0), 0.0)
+    inst.add_request(req("c", 50, ttft=3.0), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert [(i.request_id, i.num_tokens) for i in plan.items] == [("a", 200)]
+    # a prompt longer than N can never fit whole: as the head it runs in N-token chunks
+    inst = make_instance("ascendra-lp", token_budget=300, offload_threshold=0.0)
+    inst.add_request(req("long", 700, ttft=1.0), 0.0)
+    plan, _, _ = inst.schedule(0.0)
+    assert [(i.request_id, i.num_tokens) for i in plan.items] == [("long", 300)]
+
+
+def decoding_view(waiting: list, tbt: float) -> InstanceView:
+    kv = BlockManager(1000, 16)
+    running = []
+    for i in range(3):
+        d = req(f"d{i}", 16, output=50, tbt=tbt)
+        d.num_computed, d.num_generated = 16, 1
+        kv.allocate(d.request_id, 16)
+        running.append(d)
+    return InstanceView("lp0", 0.0, waiting, running, kv, SLOW)
+
+
+def test_algorithm1_compute_budget_c_is_the_decodes_tbt_slo_under_the_regression() -> None:
+    # SLOW: 0.02 s + 1 ms/token. Three decodes with a 0.1005 s TBT SLO leave C room for
+    # 77 prefill tokens (0.02 + 0.080 = 0.1 s): "p" (100) cannot run whole, so as the head
+    # it gets a 77-token chunk; "q" then breaks admission although N has room for it.
+    policy = make_policy("ascendra-lp", token_budget=2048, offload_threshold=0.0)
+    view = decoding_view([req("p", 100, ttft=5.0), req("q", 10, ttft=6.0)], tbt=0.1005)
+    plan = policy.schedule(view)
+    assert sorted((i.request_id, i.num_tokens) for i in plan.items) == [
+        ("d0", 1), ("d1", 1), ("d2", 1), ("p", 77)]
+    # a looser TBT SLO (C = 0.2 s) fits both whole
+    policy = make_policy("ascendra-lp", token_budget=2048, offload_threshold=0.0)
+    plan = policy.schedule(decoding_view([req("p", 100, ttft=5.0), req("q", 10, ttft=6.0)],
+                                         tbt=0.2))
+    assert sorted((i.request_id, i.num_tokens) for i in plan.items) == [
+        ("d0", 1), ("d1", 1), ("d2", 1), ("p", 100), ("q", 10)]
+
+
+def test_lp_admits_by_slack_not_arrival_when_slos_are_uniform() -> None:
+    # §3.3 end to end: same 1 s TTFT SLO; the later, longer prompt has less slack
+    inst = slow_lp(token_budget=2048, offload_threshold=0.0)
+    inst.add_request(req("short", 100, arrival=0.0, ttft=1.0), 0.0)
+    inst.add_request(req("long", 900, arrival=0.05, ttft=1.0), 0.05)
+    plan, _, _ = inst.schedule(0.05)
+    assert [i.request_id for i in plan.items][0] == "long"
