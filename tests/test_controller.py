@@ -52,6 +52,14 @@ def test_no_ticket_while_the_hp_queue_is_not_empty() -> None:
     assert route(c, "b", 0.5) == "hp0"
 
 
+def test_no_ticket_while_the_hp_offers_none_for_lack_of_free_kv() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    c.on_instance_state("hp0", 0, 0.0, offers_ticket=False)  # queue empty, KV spoken for
+    assert route(c, "a") == "lp0"
+    c.on_instance_state("hp0", 0, 0.5)
+    assert route(c, "b", 0.5) == "hp0"
+
+
 def test_without_ticket_entry_new_requests_never_go_to_hp() -> None:
     c = Controller([("lp0", "lp"), ("hp0", "hp")], ticket_entry=False)
     assert {route(c, f"r{i}") for i in range(4)} == {"lp0"}

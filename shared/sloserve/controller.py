@@ -101,6 +101,7 @@ class Controller:
         self.location: dict[str, str] = {}  # request id -> instance holding it
         self.waiting_prefills: dict[str, int] = dict.fromkeys(ids, 0)
         self.ticket_holder: dict[str, str | None] = dict.fromkeys(self.hp)
+        self.offers_ticket: dict[str, bool] = dict.fromkeys(ids, True)
         self._next_new = 0
         self._next_hp = 0
         self._next_offload = 0
@@ -109,7 +110,7 @@ class Controller:
     # --- queries ------------------------------------------------------------------
     def has_ticket(self, hp_id: str) -> bool:
         return (hp_id in self.healthy and self.waiting_prefills[hp_id] == 0
-                and self.ticket_holder[hp_id] is None)
+                and self.ticket_holder[hp_id] is None and self.offers_ticket[hp_id])
 
     def requests_on(self, instance_id: str) -> list[str]:
         return [r for r, i in self.location.items() if i == instance_id]
@@ -161,13 +162,16 @@ class Controller:
             if t.finished:
                 self.location.pop(t.request_id, None)
 
-    def on_instance_state(self, instance_id: str, num_waiting_prefills: int, now: float) -> None:
-        """An instance's queue after an iteration (or when idle); an empty HP may issue a ticket."""
+    def on_instance_state(self, instance_id: str, num_waiting_prefills: int, now: float,
+                          *, offers_ticket: bool = True) -> None:
+        """An instance's queue after an iteration (or when idle); an empty HP may issue a
+        ticket when it ``offers_ticket`` (its KV has room beyond expected decodes, §8.5)."""
         if instance_id not in self.waiting_prefills:
             raise ValueError(f"instance_id: unknown instance {instance_id!r}")
         if num_waiting_prefills < 0:
             raise ValueError(f"num_waiting_prefills: must be >= 0, got {num_waiting_prefills}")
         self.waiting_prefills[instance_id] = num_waiting_prefills
+        self.offers_ticket[instance_id] = offers_ticket
 
     def on_cancel(self, request_id: str, now: float) -> None:
         """The client went away: forget the request and free its ticket."""

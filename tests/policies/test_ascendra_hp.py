@@ -83,6 +83,19 @@ def test_an_offload_waits_at_most_one_batch_behind_long_running_decodes() -> Non
     assert [(i.request_id, i.is_prefill) for i in plan.items] == [("offload", True)]
 
 
+def test_offers_a_ticket_only_while_kv_beyond_expected_decodes_exceeds_the_free_fraction() -> None:
+    # §6.1 + §8.5: 100 blocks; after its prefill and first token each running request
+    # holds 10 blocks and expects 19 more (a 320-token decode). Two running: 80 - 38 = 42
+    # blocks free after decodes > 10: a ticket. Four: 60 - 76 < 10: none, room kept for offloads.
+    for running, offers in ((2, True), (4, False)):
+        inst = hp(num_blocks=100, hp_decode_len_prior=320.0)
+        for i in range(running):
+            inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
+        plan, _, _ = inst.schedule(0.0)
+        inst.complete(plan, 0.01)
+        assert inst.policy.offers_ticket(inst.view(0.01)) is offers, running
+
+
 def test_decode_reservation_follows_the_observed_output_lengths() -> None:
     inst = hp()
     for i, out in enumerate((2, 4)):

@@ -44,7 +44,8 @@ def test_every_field_rejects_a_bad_value_naming_the_field(policy: str) -> None:
 def test_value_function_error_lists_the_choices() -> None:
     with pytest.raises(ValueError) as err:
         AscendraConfig(value_function="edff")
-    assert str(err.value) == "value_function: must be one of edf, priority, sjf, ljf, fcfs; got 'edff'"
+    assert str(err.value) == (
+        "value_function: must be one of edf, priority, sjf, ljf, fcfs; got 'edff'")
 
 
 def test_cross_field_rule_names_the_field() -> None:

@@ -75,6 +75,15 @@ class AscendraHPPolicy(Policy):
         expected = min(max(math.ceil(self.mean_decode_len), req.num_generated), req.output_len)
         return max(0, kv.blocks_for(req.prompt_len + expected) - kv.blocks_for(req.num_tokens))
 
+    def offers_ticket(self, view: InstanceView) -> bool:
+        """§6.1 + §8.5: invite an opportunistic (ticketed) request only while the KV left
+        after every running request's expected decode exceeds ``hp_free_kv_fraction``."""
+        if not self.elastic:
+            return True
+        kv = view.kv
+        reserved = sum(self.decode_reserve(kv, r) for r in view.running)
+        return kv.num_free_blocks - reserved > self.config.hp_free_kv_fraction * kv.num_blocks
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         late = late_requests(view) if cfg.drop_late else []
