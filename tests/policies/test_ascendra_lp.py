@@ -6,10 +6,12 @@ import random
 
 from helpers import make_instance, make_policy, req
 
+from sloserve.batch import BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies.base import InstanceView
+from sloserve.request import Request
 
 # A slow, fixed model: 0.02 s + 1 ms per token. With a 256-token budget and no
 # decodes one LP iteration takes 0.276 s; the worst HP batch (1024 tokens) 1.044 s.
@@ -194,3 +196,38 @@ def test_lp_admits_by_slack_not_arrival_when_slos_are_uniform() -> None:
     inst.add_request(req("long", 900, arrival=0.05, ttft=1.0), 0.05)
     plan, _, _ = inst.schedule(0.05)
     assert [i.request_id for i in plan.items][0] == "long"
+
+
+def test_edf_offload_scan_stops_early_without_missing_any_offload() -> None:
+    # The heap scan stops at the first request whose slack rules it out; a full scan of
+    # the same rule over the EDF order (written out here) must find the same offloads.
+    rng = random.Random(3)
+    for trial in range(20):
+        theta = rng.choice((0.5, 1.0, 2.0, 3.0))
+        waiting = [req(f"w{i}", rng.randint(16, 3000), arrival=rng.uniform(0.0, 2.0),
+                       ttft=rng.uniform(0.5, 4.0)) for i in range(40)]
+        policy = make_policy("ascendra-lp", token_budget=256, hp_worst_batch_tokens=1024,
+                             offload_threshold=theta)
+        now = 2.0
+        view = InstanceView("lp0", now, waiting, [], BlockManager(100_000, 16), SLOW)
+        plan = policy.schedule(view)
+        admitted = {i.request_id for i in plan.items}
+
+        def phi(r: Request) -> float:
+            return SLOW.predict(BatchShape(prefills=((r.prompt_len, 0),)))
+
+        order = sorted(waiting, key=lambda r: (r.arrival_time + r.slo.ttft - phi(r),
+                                               r.arrival_time))
+        t_iter = SLOW.predict(BatchShape(prefills=((256, 0),)))
+        t_worst = SLOW.predict(BatchShape(prefills=((1024, 0),)))
+        queued, expect = sum(r.prompt_len for r in order if r.request_id in admitted), []
+        for r in order:
+            if r.request_id in admitted:
+                continue
+            queued += r.prompt_len
+            d = r.arrival_time + r.slo.ttft
+            if (now < d and d - now <= theta * (t_worst + phi(r))
+                    and now + t_iter * -(-queued // 256) > d):
+                expect.append(r.request_id)
+                queued -= r.prompt_len
+        assert sorted(plan.offloaded) == sorted(expect), trial
