@@ -46,17 +46,19 @@ def drop_late_name(policy: str) -> str:
     return name
 
 
-def run(policy: str, qps: float, num_requests: int, seed: int) -> dict[str, Any]:
-    if policy == "ascendra":
-        cfg = SimConfig(policy="ascendra", instances=3, hp_instances=1, qps=qps,
-                        num_requests=num_requests, seed=seed,
-                        policy_config=AscendraConfig(drop_late=True))
-    else:
-        cfg = SimConfig(policy=drop_late_name(policy), instances=3, qps=qps,
-                        num_requests=num_requests, seed=seed)
+def deployments() -> list[tuple[str, SimConfig]]:
+    """(label, config) per framework; every one drops late requests (§8.6)."""
+    asc = SimConfig(policy="ascendra", instances=3, hp_instances=1,
+                    policy_config=AscendraConfig(drop_late=True))
+    return [("ascendra-2L1H", asc),
+            *((f"{b}x3", SimConfig(policy=drop_late_name(b), instances=3)) for b in BASELINES)]
+
+
+def run(label: str, cfg: SimConfig, qps: float, num_requests: int, seed: int) -> dict[str, Any]:
+    cfg.qps, cfg.num_requests, cfg.seed = qps, num_requests, seed
     out = simulate(cfg)
     n, good, dropped = out["requests"], out["good"], out["dropped"]
-    return {"policy": "ascendra-2L1H" if policy == "ascendra" else f"{policy}x3",
+    return {"policy": label,
             "requests": n, "served_under_slo": good, "dropped": dropped,
             "violated": n - good - dropped, "goodput_share": out["goodput_share"],
             "offloads": out["offloads"], "ttft_p99": out["ttft_p99"],
@@ -78,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--out", default="docs/results/ascendra_overload.json")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    rows = [run(p, a.qps, a.num_requests, a.seed) for p in ("ascendra", *BASELINES)]
+    rows = [run(label, cfg, a.qps, a.num_requests, a.seed) for label, cfg in deployments()]
     asc, base = rows[0], rows[1:]
     best = max(base, key=lambda r: r["served_under_slo"])
     result = {
