@@ -23,6 +23,12 @@
   instance never idles on a reservation.
   ``hp_elastic = False`` turns this off for the §8.5 ablation: then
   ``max_num_seqs`` caps running requests and nothing is reserved.
+* Ticket entry (§6.1 with §8.5): ``offers_ticket`` tells the controller
+  whether this HP invites one opportunistic new request: only while the KV
+  left after every running request's expected decode exceeds
+  ``hp_free_kv_fraction``, so ticketed requests (which decode here for their
+  whole life) never take the memory offloads need. Always with
+  ``hp_elastic = False`` (the ablation keeps the plain queue-empty rule).
 * ``drop_late`` (§6.3) drops waiting requests already past their TTFT SLO.
 * An HP instance never offloads.
 
