@@ -13,9 +13,10 @@ Rules:
 
 * New requests go to an HP holding a ticket, else round-robin over the
   healthy LP instances (over every healthy instance when there is no LP). An
-  HP holds a ticket when its last reported waiting-prefill count is zero and
+  HP holds a ticket when its last reported waiting-prefill count is zero,
   no ticketed request of its own is still before its first token (§6.1:
-  "only one ticketed request is allowed at a time"); ``ticket_entry=False``
+  "only one ticketed request is allowed at a time") and its last report
+  offered one (``offers_ticket``: KV to spare, §8.5); ``ticket_entry=False``
   keeps new requests off HP.
 * Offloads go round-robin over the healthy HP instances (§4: "within each
   pool, requests are assigned to instances in a round-robin manner"). With no
