@@ -52,24 +52,33 @@ def test_no_ticket_while_the_hp_queue_is_not_empty() -> None:
     assert route(c, "b", 0.5) == "hp0"
 
 
+def test_no_ticket_while_the_hp_offers_none_for_lack_of_free_kv() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    c.on_instance_state("hp0", 0, 0.0, offers_ticket=False)  # queue empty, KV spoken for
+    assert route(c, "a") == "lp0"
+    c.on_instance_state("hp0", 0, 0.5)
+    assert route(c, "b", 0.5) == "hp0"
+
+
 def test_without_ticket_entry_new_requests_never_go_to_hp() -> None:
     c = Controller([("lp0", "lp"), ("hp0", "hp")], ticket_entry=False)
     assert {route(c, f"r{i}") for i in range(4)} == {"lp0"}
 
 
-def test_offloads_go_to_the_hp_with_fewest_waiting_prefills_ties_round_robin() -> None:
-    c = Controller([("lp0", "lp"), ("hp0", "hp"), ("hp1", "hp")], ticket_entry=False)
+def test_offloads_go_round_robin_over_hp_whatever_their_queues() -> None:
+    """§4: round-robin within a pool, not least-loaded; a lost HP is skipped."""
+    c = Controller([("lp0", "lp"), ("hp0", "hp"), ("hp1", "hp"), ("hp2", "hp")],
+                   ticket_entry=False)
+    c.on_instance_state("hp0", 5, 0.0)  # hp0 loaded, hp1/hp2 empty: still hp0's turn first
     got = []
     for i in range(4):
         (a,) = c.on_scheduled("lp0", [req(f"o{i}", 10)], [], 0.0)
         assert isinstance(a, Dispatch) and a.cause == "offload"
         got.append(a.instance_id)
-        c.on_instance_state("hp0", 0, 0.0)  # both drained again: a tie every time
-        c.on_instance_state("hp1", 0, 0.0)
-    assert got == ["hp0", "hp1", "hp0", "hp1"]
-    c.on_instance_state("hp0", 5, 0.1)
-    c.on_instance_state("hp1", 1, 0.1)
-    assert c.on_scheduled("lp0", [req("o4", 10)], [], 0.1) == [Dispatch("o4", "hp1", "offload")]
+    assert got == ["hp0", "hp1", "hp2", "hp0"]
+    c.on_instance_lost("hp1", 0.1)
+    got = [c.on_scheduled("lp0", [req(f"p{i}", 10)], [], 0.1)[0] for i in range(3)]
+    assert [a.instance_id for a in got if isinstance(a, Dispatch)] == ["hp2", "hp0", "hp2"]
 
 
 def test_an_offload_with_no_hp_is_a_drop_with_its_reason() -> None:

@@ -13,13 +13,15 @@ Rules:
 
 * New requests go to an HP holding a ticket, else round-robin over the
   healthy LP instances (over every healthy instance when there is no LP). An
-  HP holds a ticket when its last reported waiting-prefill count is zero and
+  HP holds a ticket when its last reported waiting-prefill count is zero,
   no ticketed request of its own is still before its first token (§6.1:
-  "only one ticketed request is allowed at a time"); ``ticket_entry=False``
+  "only one ticketed request is allowed at a time") and its last report
+  offered one (``offers_ticket``: KV to spare, §8.5); ``ticket_entry=False``
   keeps new requests off HP.
-* Offloads go to the healthy HP with the fewest waiting prefills, ties
-  round-robin (§4: round-robin within a pool). With no HP to take it an
-  offloaded request is dropped (an offload is a request about to miss).
+* Offloads go round-robin over the healthy HP instances (§4: "within each
+  pool, requests are assigned to instances in a round-robin manner"). With no
+  HP to take it an offloaded request is dropped (an offload is a request
+  about to miss).
 * A request the policy drops ends as a drop; a cancelled or finished one
   is forgotten; a first token (or leaving the HP before it) frees its ticket.
 * A lost instance takes no new work; its requests are re-run elsewhere
@@ -100,14 +102,16 @@ class Controller:
         self.location: dict[str, str] = {}  # request id -> instance holding it
         self.waiting_prefills: dict[str, int] = dict.fromkeys(ids, 0)
         self.ticket_holder: dict[str, str | None] = dict.fromkeys(self.hp)
+        self.offers_ticket: dict[str, bool] = dict.fromkeys(ids, True)
         self._next_new = 0
         self._next_hp = 0
+        self._next_offload = 0
         self.decisions: list[Action] | None = [] if record else None
 
     # --- queries ------------------------------------------------------------------
     def has_ticket(self, hp_id: str) -> bool:
         return (hp_id in self.healthy and self.waiting_prefills[hp_id] == 0
-                and self.ticket_holder[hp_id] is None)
+                and self.ticket_holder[hp_id] is None and self.offers_ticket[hp_id])
 
     def requests_on(self, instance_id: str) -> list[str]:
         return [r for r, i in self.location.items() if i == instance_id]
@@ -159,13 +163,16 @@ class Controller:
             if t.finished:
                 self.location.pop(t.request_id, None)
 
-    def on_instance_state(self, instance_id: str, num_waiting_prefills: int, now: float) -> None:
-        """An instance's queue after an iteration (or when idle); an empty HP may issue a ticket."""
+    def on_instance_state(self, instance_id: str, num_waiting_prefills: int, now: float,
+                          *, offers_ticket: bool = True) -> None:
+        """An instance's queue after an iteration (or when idle); an empty HP may issue a
+        ticket when it ``offers_ticket`` (its KV has room beyond expected decodes, §8.5)."""
         if instance_id not in self.waiting_prefills:
             raise ValueError(f"instance_id: unknown instance {instance_id!r}")
         if num_waiting_prefills < 0:
             raise ValueError(f"num_waiting_prefills: must be >= 0, got {num_waiting_prefills}")
         self.waiting_prefills[instance_id] = num_waiting_prefills
+        self.offers_ticket[instance_id] = offers_ticket
 
     def on_cancel(self, request_id: str, now: float) -> None:
         """The client went away: forget the request and free its ticket."""
@@ -202,10 +209,9 @@ class Controller:
         if not hp:
             return None
         n = len(self.hp)
-        order = [self.hp[(self._next_hp + k) % n] for k in range(n)]
-        target = min((i for i in order if i in self.healthy),
-                     key=self.waiting_prefills.__getitem__)  # first of the least loaded
-        self._next_hp = (self.hp.index(target) + 1) % n
+        target = next(i for k in range(n)
+                      if (i := self.hp[(self._next_offload + k) % n]) in self.healthy)
+        self._next_offload = (self.hp.index(target) + 1) % n
         return target
 
     def _leave_prefill(self, request_id: str) -> None:

@@ -50,20 +50,50 @@ def test_never_offloads_even_hopeless_requests() -> None:
         inst.complete(plan, now)
 
 
-def test_elastic_admission_stops_when_reserved_decode_memory_would_be_exceeded() -> None:
-    # 100 blocks of 16. Each request: 160-token prompt (10 blocks) + an expected
-    # 320-token decode (20 blocks reserved). 3 fit (90 of 100), the 4th would not.
-    knobs = {"hp_decode_len_prior": 320.0}
-    inst = hp(num_blocks=100, **knobs)
-    for i in range(4):
+def test_elastic_admission_reserves_expected_decodes_but_never_more_than_free_fraction() -> None:
+    # 100 blocks of 16. Each request: 160-token prompt (10 blocks) + an expected 320-token
+    # decode (20 blocks). A full reservation (fraction 1.0) admits 3 (90 of 100); §8.5's
+    # rule keeps at most 10% (10 blocks) free: 9 admitted (90 + 10 = 100).
+    for fraction, admitted in ((1.0, 3), (0.1, 9)):
+        inst = hp(num_blocks=100, hp_decode_len_prior=320.0, hp_free_kv_fraction=fraction)
+        for i in range(12):
+            inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
+        plan, _, _ = inst.schedule(0.0)
+        assert [i.request_id for i in plan.items] == [f"r{i}" for i in range(admitted)]
+    inst = hp(num_blocks=100, hp_decode_len_prior=320.0, hp_elastic=False)  # §8.5 ablation
+    for i in range(12):
         inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
     plan, _, _ = inst.schedule(0.0)
-    assert [i.request_id for i in plan.items] == ["r0", "r1", "r2"]
-    inst = hp(num_blocks=100, **knobs, hp_elastic=False)  # ablation: no reservation
-    for i in range(4):
-        inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
-    plan, _, _ = inst.schedule(0.0)
-    assert len(plan.items) == 4
+    assert len(plan.items) == 9  # no reservation; vLLM's 1% watermark stops the 10th
+
+
+def test_an_offload_waits_at_most_one_batch_behind_long_running_decodes() -> None:
+    # §6.1: a ticketed request decodes on HP for its whole life; its expected decode
+    # (1500 tokens: 93 more blocks) plus the offload (20) exceed the 99 blocks free, yet
+    # the offload is admitted at the very next iteration since >= 10% of KV stays free.
+    inst = hp(num_blocks=150, hp_decode_len_prior=2000.0)
+    inst.add_request(req("ticketed", 800, output=1500), 0.0)  # 50 blocks
+    now = 0.0
+    for _ in range(3):
+        plan, _, _ = inst.schedule(now)
+        now += 0.01
+        inst.complete(plan, now)
+    inst.add_request(req("offload", 320, arrival=now, ttft=0.2), now)  # 20 blocks
+    plan, _, _ = inst.schedule(now)
+    assert [(i.request_id, i.is_prefill) for i in plan.items] == [("offload", True)]
+
+
+def test_offers_a_ticket_only_while_kv_beyond_expected_decodes_exceeds_the_free_fraction() -> None:
+    # §6.1 + §8.5: 100 blocks; after its prefill and first token each running request
+    # holds 10 blocks and expects 19 more (a 320-token decode). Two running: 80 - 38 = 42
+    # blocks free after decodes > 10: a ticket. Four: 60 - 76 < 10: none, room kept for offloads.
+    for running, offers in ((2, True), (4, False)):
+        inst = hp(num_blocks=100, hp_decode_len_prior=320.0)
+        for i in range(running):
+            inst.add_request(req(f"r{i}", 160, output=1000, arrival=0.1 * i), 0.0)
+        plan, _, _ = inst.schedule(0.0)
+        inst.complete(plan, 0.01)
+        assert inst.policy.offers_ticket(inst.view(0.01)) is offers, running
 
 
 def test_decode_reservation_follows_the_observed_output_lengths() -> None:

@@ -44,7 +44,8 @@ def test_every_field_rejects_a_bad_value_naming_the_field(policy: str) -> None:
 def test_value_function_error_lists_the_choices() -> None:
     with pytest.raises(ValueError) as err:
         AscendraConfig(value_function="edff")
-    assert str(err.value) == "value_function: must be one of edf, sjf, ljf, fcfs; got 'edff'"
+    assert str(err.value) == (
+        "value_function: must be one of edf, priority, sjf, ljf, fcfs; got 'edff'")
 
 
 def test_cross_field_rule_names_the_field() -> None:
@@ -84,7 +85,7 @@ def test_spec_makes_each_role_and_applies_ascendra_role_rules() -> None:
     cfg = AscendraConfig(offload_threshold=2.0, lp_max_num_seqs=64)
     lp, hp = spec.make("lp", cfg, num_hp=1), spec.make("hp", cfg, num_hp=1)
     assert isinstance(lp, AscendraLPPolicy) and isinstance(hp, AscendraHPPolicy)
-    assert lp.config == replace(cfg, token_budget=512)  # resolved under the default TBT SLO
+    assert lp.config == replace(cfg, token_budget=2048)  # N = hp_worst_batch_tokens (Alg. 1)
     assert spec.make("lp", cfg, num_hp=0).config.offload_threshold == 0.0  # nowhere to offload
     assert spec.make("hp", cfg, num_hp=0).config.offload_threshold == 2.0
     assert isinstance(get_spec("sarathi").make("lp"), SarathiPolicy)

@@ -71,4 +71,4 @@ def test_up_derives_policy_knobs_as_simulate_does_and_turns_offload_off_without_
     assert alone.offload_threshold == 0.0  # no HP to offload to: an offload would be dropped
     assert split.offload_threshold > 0
     assert split.lp_max_num_seqs == 128  # Ascendra §6.2, as in the simulator
-    assert split.token_budget == 512  # the default TBT SLO is strict, as in the simulator
+    assert split.token_budget == 2048  # Alg. 1 N = hp_worst_batch_tokens, as in the simulator

@@ -90,6 +90,6 @@ def tokens_to_proto(
 
 
 def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceState:
-    return scheduler_pb2.InstanceState(instance_id=instance.instance_id,
-                                       num_waiting_prefills=instance.num_waiting_prefills,
-                                       time=now)
+    return scheduler_pb2.InstanceState(
+        instance_id=instance.instance_id, num_waiting_prefills=instance.num_waiting_prefills,
+        time=now, declines_ticket=not instance.policy.offers_ticket(instance.view(now)))

@@ -26,7 +26,7 @@ from sloserve.v1 import common_pb2 as sloserve_dot_v1_dot_common__pb2
 from sloserve.v1 import executor_pb2 as sloserve_dot_v1_dot_executor__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsloserve/v1/scheduler.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\x1a\x1asloserve/v1/executor.proto\"G\n\x05Hello\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12*\n\x08inflight\x18\x02 \x03(\x0b\x32\x18.sloserve.v1.RequestSpec\"{\n\x0eSchedulerInput\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.sloserve.v1.HelloH\x00\x12*\n\x06submit\x18\x02 \x01(\x0b\x32\x18.sloserve.v1.RequestSpecH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"r\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x10\n\x08token_id\x18\x03 \x01(\x05\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x0f\n\x07stopped\x18\x06 \x01(\x08\"*\n\x04\x44rop\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"P\n\rInstanceState\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1c\n\x14num_waiting_prefills\x18\x02 \x01(\x05\x12\x0c\n\x04time\x18\x03 \x01(\x01\"\xaa\x01\n\x0fSchedulerOutput\x12\'\n\x06tokens\x18\x01 \x03(\x0b\x32\x17.sloserve.v1.TokenEvent\x12\x11\n\toffloaded\x18\x02 \x03(\t\x12\"\n\x07\x64ropped\x18\x03 \x03(\x0b\x32\x11.sloserve.v1.Drop\x12)\n\x05state\x18\x04 \x01(\x0b\x32\x1a.sloserve.v1.InstanceState\x12\x0c\n\x04time\x18\x05 \x01(\x01\"\x0f\n\rStatusRequest\"\x87\x03\n\x0fSchedulerStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\x05\x12\x13\n\x0bnum_running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_free_blocks\x18\x06 \x01(\x05\x12\x12\n\niterations\x18\x07 \x01(\x03\x12\x16\n\x0eoverhead_p50_s\x18\x08 \x01(\x01\x12\x16\n\x0eoverhead_p99_s\x18\t \x01(\x01\x12\x16\n\x0eschedule_p50_s\x18\n \x01(\x01\x12\x16\n\x0eschedule_p99_s\x18\x0b \x01(\x01\x12\x32\n\x08\x65xecutor\x18\x0c \x01(\x0b\x32 .sloserve.v1.ExecutorDescription\x12\x14\n\x0c\x63oefficients\x18\r \x03(\x01\x12\x1c\n\x14\x63oefficients_version\x18\x0e \x01(\x03\x12\x15\n\rpolicy_config\x18\x0f \x01(\t\x12\x0c\n\x04idle\x18\x10 \x01(\x08\x32\x99\x01\n\tScheduler\x12H\n\x07\x43onnect\x12\x1b.sloserve.v1.SchedulerInput\x1a\x1c.sloserve.v1.SchedulerOutput(\x01\x30\x01\x12\x42\n\x06Status\x12\x1a.sloserve.v1.StatusRequest\x1a\x1c.sloserve.v1.SchedulerStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsloserve/v1/scheduler.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\x1a\x1asloserve/v1/executor.proto\"G\n\x05Hello\x12\x12\n\ngateway_id\x18\x01 \x01(\t\x12*\n\x08inflight\x18\x02 \x03(\x0b\x32\x18.sloserve.v1.RequestSpec\"{\n\x0eSchedulerInput\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.sloserve.v1.HelloH\x00\x12*\n\x06submit\x18\x02 \x01(\x0b\x32\x18.sloserve.v1.RequestSpecH\x00\x12\x10\n\x06\x63\x61ncel\x18\x03 \x01(\tH\x00\x42\x06\n\x04kind\"r\n\nTokenEvent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x10\n\x08token_id\x18\x03 \x01(\x05\x12\x0c\n\x04time\x18\x04 \x01(\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08\x12\x0f\n\x07stopped\x18\x06 \x01(\x08\"*\n\x04\x44rop\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"i\n\rInstanceState\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x1c\n\x14num_waiting_prefills\x18\x02 \x01(\x05\x12\x0c\n\x04time\x18\x03 \x01(\x01\x12\x17\n\x0f\x64\x65\x63lines_ticket\x18\x04 \x01(\x08\"\xaa\x01\n\x0fSchedulerOutput\x12\'\n\x06tokens\x18\x01 \x03(\x0b\x32\x17.sloserve.v1.TokenEvent\x12\x11\n\toffloaded\x18\x02 \x03(\t\x12\"\n\x07\x64ropped\x18\x03 \x03(\x0b\x32\x11.sloserve.v1.Drop\x12)\n\x05state\x18\x04 \x01(\x0b\x32\x1a.sloserve.v1.InstanceState\x12\x0c\n\x04time\x18\x05 \x01(\x01\"\x0f\n\rStatusRequest\"\x87\x03\n\x0fSchedulerStatus\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x13\n\x0bnum_waiting\x18\x04 \x01(\x05\x12\x13\n\x0bnum_running\x18\x05 \x01(\x05\x12\x16\n\x0ekv_free_blocks\x18\x06 \x01(\x05\x12\x12\n\niterations\x18\x07 \x01(\x03\x12\x16\n\x0eoverhead_p50_s\x18\x08 \x01(\x01\x12\x16\n\x0eoverhead_p99_s\x18\t \x01(\x01\x12\x16\n\x0eschedule_p50_s\x18\n \x01(\x01\x12\x16\n\x0eschedule_p99_s\x18\x0b \x01(\x01\x12\x32\n\x08\x65xecutor\x18\x0c \x01(\x0b\x32 .sloserve.v1.ExecutorDescription\x12\x14\n\x0c\x63oefficients\x18\r \x03(\x01\x12\x1c\n\x14\x63oefficients_version\x18\x0e \x01(\x03\x12\x15\n\rpolicy_config\x18\x0f \x01(\t\x12\x0c\n\x04idle\x18\x10 \x01(\x08\x32\x99\x01\n\tScheduler\x12H\n\x07\x43onnect\x12\x1b.sloserve.v1.SchedulerInput\x1a\x1c.sloserve.v1.SchedulerOutput(\x01\x30\x01\x12\x42\n\x06Status\x12\x1a.sloserve.v1.StatusRequest\x1a\x1c.sloserve.v1.SchedulerStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,13 +42,13 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DROP']._serialized_start=412
   _globals['_DROP']._serialized_end=454
   _globals['_INSTANCESTATE']._serialized_start=456
-  _globals['_INSTANCESTATE']._serialized_end=536
-  _globals['_SCHEDULEROUTPUT']._serialized_start=539
-  _globals['_SCHEDULEROUTPUT']._serialized_end=709
-  _globals['_STATUSREQUEST']._serialized_start=711
-  _globals['_STATUSREQUEST']._serialized_end=726
-  _globals['_SCHEDULERSTATUS']._serialized_start=729
-  _globals['_SCHEDULERSTATUS']._serialized_end=1120
-  _globals['_SCHEDULER']._serialized_start=1123
-  _globals['_SCHEDULER']._serialized_end=1276
+  _globals['_INSTANCESTATE']._serialized_end=561
+  _globals['_SCHEDULEROUTPUT']._serialized_start=564
+  _globals['_SCHEDULEROUTPUT']._serialized_end=734
+  _globals['_STATUSREQUEST']._serialized_start=736
+  _globals['_STATUSREQUEST']._serialized_end=751
+  _globals['_SCHEDULERSTATUS']._serialized_start=754
+  _globals['_SCHEDULERSTATUS']._serialized_end=1145
+  _globals['_SCHEDULER']._serialized_start=1148
+  _globals['_SCHEDULER']._serialized_end=1301
 # @@protoc_insertion_point(module_scope)

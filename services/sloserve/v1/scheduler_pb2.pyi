@@ -143,19 +143,23 @@ class InstanceState(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     NUM_WAITING_PREFILLS_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
+    DECLINES_TICKET_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     num_waiting_prefills: _builtins.int
     time: _builtins.float
+    declines_ticket: _builtins.bool
+    """an Ascendra HP whose KV beyond expected decodes is under 10% invites no ticket (§6.1, §8.5)"""
     def __init__(
         self,
         *,
         instance_id: _builtins.str = ...,
         num_waiting_prefills: _builtins.int = ...,
         time: _builtins.float = ...,
+        declines_ticket: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "num_waiting_prefills", b"num_waiting_prefills", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declines_ticket", b"declines_ticket", "instance_id", b"instance_id", "num_waiting_prefills", b"num_waiting_prefills", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

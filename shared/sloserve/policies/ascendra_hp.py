@@ -7,21 +7,34 @@
   accepted cost, §4). A prefill iteration holds at most
   ``hp_worst_batch_tokens`` tokens, the very batch the LP's offload rule
   assumes as HP's worst case (§5.3); a longer prompt runs alone.
-* Elastic batch (§6.2): no fixed sequence cap; prefills are admitted while KV
-  permits, keeping in reserve the blocks that running and admitted requests
-  are expected to still need for their decodes. Expected output length is
-  the running mean of the output lengths of requests that finished on this
-  instance (the "decoding length history"), capped by each request's
-  ``max_tokens``; before any has finished it is ``hp_decode_len_prior``
-  (default 0: nothing reserved). If nothing runs, the head is admitted
-  whenever its prompt fits, so the instance never idles on a reservation.
+* Elastic batch (§6.2, §8.5): no fixed sequence cap; prefills are admitted
+  "as long as GPU memory permits", keeping in reserve the blocks that running
+  and admitted requests are expected to still need for their decodes, but
+  never more than ``hp_free_kv_fraction`` (10%) of the KV cache: §8.5 says the
+  batch grows whenever free memory exceeds 10% of the total, and §6.2 accepts
+  the preemption risk this brings. So a prefill waits only while admitting it
+  would leave less than ``min(expected decode growth, 10%)`` free, and an
+  offload waits at most the batch the HP is running (§6.1's promise) unless
+  KV really is nearly full. Expected output length is the running mean of
+  the output lengths of requests that finished on this instance (the
+  "decoding length history"), capped by each request's ``max_tokens``;
+  before any has finished it is ``hp_decode_len_prior`` (default 0). If
+  nothing runs, the head is admitted whenever its prompt fits, so the
+  instance never idles on a reservation.
   ``hp_elastic = False`` turns this off for the §8.5 ablation: then
   ``max_num_seqs`` caps running requests and nothing is reserved.
+* Ticket entry (§6.1 with §8.5): ``offers_ticket`` tells the controller
+  whether this HP invites one opportunistic new request: only while the KV
+  left after every running request's expected decode exceeds
+  ``hp_free_kv_fraction``, so ticketed requests (which decode here for their
+  whole life) never take the memory offloads need. Always with
+  ``hp_elastic = False`` (the ablation keeps the plain queue-empty rule).
 * ``drop_late`` (§6.3) drops waiting requests already past their TTFT SLO.
 * An HP instance never offloads.
 
 Config (``AscendraConfig``) used: ``hp_worst_batch_tokens``, ``drop_late``,
-``max_num_seqs`` (only with ``hp_elastic = False``), ``hp_elastic``, ``hp_decode_len_prior``.
+``max_num_seqs`` (only with ``hp_elastic = False``), ``hp_elastic``, ``hp_decode_len_prior``,
+``hp_free_kv_fraction``.
 """
 
 from __future__ import annotations
@@ -68,6 +81,15 @@ class AscendraHPPolicy(Policy):
         expected = min(max(math.ceil(self.mean_decode_len), req.num_generated), req.output_len)
         return max(0, kv.blocks_for(req.prompt_len + expected) - kv.blocks_for(req.num_tokens))
 
+    def offers_ticket(self, view: InstanceView) -> bool:
+        """§6.1 + §8.5: invite an opportunistic (ticketed) request only while the KV left
+        after every running request's expected decode exceeds ``hp_free_kv_fraction``."""
+        if not self.elastic:
+            return True
+        kv = view.kv
+        reserved = sum(self.decode_reserve(kv, r) for r in view.running)
+        return kv.num_free_blocks - reserved > self.config.hp_free_kv_fraction * kv.num_blocks
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         late = late_requests(view) if cfg.drop_late else []
@@ -98,6 +120,7 @@ class AscendraHPPolicy(Policy):
         """Whole prompts, FCFS, within the builder's token cap; the first misfit ends it."""
         kv, running = b.view.kv, b.view.running
         reserved = sum(self.decode_reserve(kv, r) for r in running) if self.elastic else 0
+        reserve_cap = int(self.config.hp_free_kv_fraction * kv.num_blocks)
         num_running = len(running)
         for req in prefills:
             n = req.num_uncomputed
@@ -112,7 +135,8 @@ class AscendraHPPolicy(Policy):
                 break
             grow = self.decode_reserve(kv, req) if self.elastic else 0
             busy = num_running > 0 or b.num_seqs > 0
-            if busy and b.blocks_needed(req, n) + grow + reserved > b.free_blocks:
+            keep_free = min(grow + reserved, reserve_cap)
+            if busy and b.blocks_needed(req, n) + keep_free > b.free_blocks:
                 break
             b.add(req, n)
             reserved += grow

@@ -1,52 +1,62 @@
 """Ascendra's low-priority (LP) instance (§5): throughput tier with proactive offloading.
 
-Each iteration, Sarathi-style under ``token_budget`` and ``lp_max_num_seqs``
-(the paper's LP batch size, 128):
+Each iteration:
 
 1. §6.3 (``drop_late``): waiting requests already past their TTFT deadline
    are dropped.
 2. §5.4: every running decode is piggybacked first (preempting by recompute
-   when KV runs out), then ongoing chunked prefills continue.
-3. §5.2, Algorithm 1: waiting requests are sorted by the value function
-   (``value_function``: edf default, sjf, ljf, fcfs) and admitted in that
-   order while budget, sequence slots and KV remain; the first that does not
-   fit ends admission (Algorithm 1's ``break``). A request may get a chunk.
+   when KV runs out), then ongoing prefills continue (a prefill is only ever
+   in progress when it was longer than the budgets allowed whole, below).
+3. §5.2, Algorithm 1: waiting requests are taken in value order (``value_function``:
+   ``edf`` default, ``priority``, ``sjf``, ``ljf``, ``fcfs``; ``val <- pi(Phi, w)``)
+   and each is admitted **whole** while the three budgets hold:
+
+   * N, the token budget (``token_budget``, default ``hp_worst_batch_tokens``):
+     its whole remaining prefill must fit the tokens the batch has left;
+   * C, the compute budget (``compute_budget``, default the tightest TBT SLO
+     among the batch's piggybacked decodes): the regression's predicted time
+     of the batch with it must stay within C (no decodes: no C);
+   * M, memory: free KV (vLLM's admission check), and ``lp_max_num_seqs``
+     (§6.2: 128) sequences.
+
+   The first request that does not fit ends admission (Algorithm 1's
+   ``break``). One exception keeps a request from blocking the queue forever:
+   if the head of the value order does not fit whole and no other prefill is
+   in the batch, it gets the largest chunk that fits N, C and M (a prompt
+   longer than N could otherwise never run).
 4. §5.3: every request still waiting is checked for offloading, in value
-   order. Rule: offload ``r`` iff it has a TTFT SLO, has produced no token and
-   its prefill has not started, its deadline ``d`` has not yet passed, and
+   order. Offload ``r`` iff it has a TTFT SLO, has produced no token and has
+   not started prefill, its deadline ``d`` is still ahead, and
 
    * it is projected to miss on this LP: ``now + t_iter * ceil(Q_r / P) > d``,
-     where ``Q_r`` is the prefill tokens queued up to and including ``r``
-     (ongoing prefills, this iteration's chunks, the requests kept ahead of
-     it), ``P = token_budget - running decodes`` the prefill tokens per
-     iteration and ``t_iter`` the predicted time of one such iteration with
-     the current decodes piggybacked; and
-   * it is too close to its SLO to stay (the tunable threshold):
-     ``d - now <= offload_threshold * t_hp``, where ``t_hp`` is the
-     worst-case HP batch holding its prefill: one prefill of
-     ``max(hp_worst_batch_tokens, r's prompt)`` tokens (a single sequence
-     bounds the attention cost of any batch with that many tokens).
+     ``Q_r`` the prefill tokens queued up to and including ``r``, ``P = N -
+     running decodes`` prefill tokens per iteration, ``t_iter`` the predicted
+     time of one such iteration with the current decodes; and
+   * it is too close to its SLO to stay: ``d - now <= offload_threshold *
+     (t_hp_worst + Phi(r))``: after an offload it waits on the HP for at most
+     the batch the HP is running, whose worst case is a prefill of
+     ``hp_worst_batch_tokens`` tokens, and then runs its own prefill.
 
-   A request that has already missed its deadline is never offloaded (HP
-   cannot save it; ``drop_late`` handles it), so ``offload_threshold = 0``
-   disables offloading. The LP projection ignores context growth and KV or
-   slot limits: it is a lower bound on the LP finish time.
+Cost per iteration: no sort. The waiting queue is a heap keyed by the value
+function (``ascendra_queue``); admission and the offload scan pop it in order
+(for EDF the scan stops at the first request with too much slack to be
+offloaded); one ``predict`` per admitted prefill when C applies, a dozen for
+a chunked head, three for the offload rule.
 
-Cost per iteration: one sort of the waiting queue plus O(waiting) arithmetic
-and two ``predict`` calls (one more per waiting prompt longer than
-``hp_worst_batch_tokens`` that is projected to miss).
-
-Config (``AscendraConfig``) used: ``token_budget``, ``lp_max_num_seqs``,
-``value_function``, ``offload_threshold``, ``hp_worst_batch_tokens``, ``drop_late``.
+Config (``AscendraConfig``) used: ``token_budget``, ``compute_budget``,
+``lp_max_num_seqs``, ``value_function``, ``offload_threshold``,
+``hp_worst_batch_tokens``, ``drop_late``.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.perf.base import PerfModel
 from sloserve.policies.ascendra import AscendraConfig
+from sloserve.policies.ascendra_queue import Entry, ValueQueue
 from sloserve.policies.base import (
     BatchBuilder,
     InstanceView,
@@ -55,7 +65,7 @@ from sloserve.policies.base import (
     add_decodes,
     can_admit,
 )
-from sloserve.policies.value_functions import get_value_function
+from sloserve.policies.value_functions import SLACK_ORDERED, get_value_function
 from sloserve.request import Request
 
 
@@ -74,10 +84,41 @@ def late_requests(view: InstanceView) -> list[Request]:
     return out
 
 
-def worst_hp_time(perf_model: PerfModel, num_tokens: int, hp_worst_batch_tokens: int) -> float:
-    """§5.3: predicted time of the largest HP batch holding a ``num_tokens`` prefill."""
-    n = max(num_tokens, hp_worst_batch_tokens)
-    return perf_model.predict(BatchShape(prefills=((n, 0),)))
+def worst_hp_time(perf_model: PerfModel, hp_worst_batch_tokens: int) -> float:
+    """§5.3: predicted time of the largest HP batch (``hp_worst_batch_tokens`` of prefill)."""
+    return perf_model.predict(BatchShape(prefills=((hp_worst_batch_tokens, 0),)))
+
+
+class ComputeBudget:
+    """Algorithm 1's C: the batch's predicted time with a candidate must stay within it."""
+
+    def __init__(self, model: PerfModel, limit: float, decodes: Sequence[Request]) -> None:
+        self.model = model
+        self.limit = limit
+        self.decodes = tuple(r.num_computed for r in decodes)
+        self.prefills: list[tuple[int, int]] = []
+
+    def allows(self, req: Request, n: int) -> bool:
+        if math.isinf(self.limit):
+            return True
+        shape = BatchShape(prefills=(*self.prefills, (n, req.num_computed)), decodes=self.decodes)
+        return self.model.predict(shape) <= self.limit
+
+    def largest(self, req: Request, hi: int) -> int:
+        """Largest chunk ``<= hi`` of ``req`` within C (binary search on the regression)."""
+        if hi <= 0 or self.allows(req, hi):
+            return max(hi, 0)
+        lo = 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if self.allows(req, mid):
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def add(self, req: Request, n: int) -> None:
+        self.prefills.append((n, req.num_computed))
 
 
 class AscendraLPPolicy(Policy):
@@ -89,73 +130,98 @@ class AscendraLPPolicy(Policy):
         super().__init__(config)
         self.value_function = get_value_function(self.config.value_function)
         self.token_budget = self.config.budget
+        self.queue = ValueQueue(self.value_function)
+
+    def compute_limit(self, decodes: Sequence[Request]) -> float:
+        """C: the configured budget, else the tightest TBT SLO of the piggybacked decodes."""
+        if self.config.compute_budget is not None:
+            return self.config.compute_budget
+        return min((r.slo.tbt for r in decodes if r.slo.tbt is not None), default=math.inf)
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         b = BatchBuilder(view, self.token_budget, cfg.lp_max_num_seqs)
-        waiting: Sequence[Request] = view.waiting
         if cfg.drop_late:
-            late = late_requests(view)
-            for req in late:
+            for req in late_requests(view):
                 b.drop(req)
-            if late:
-                waiting = [r for r in view.waiting if not b.removed(r)]
-        decodes = [r for r in view.running if r.is_decode]
-        add_decodes(b, decodes)
+        add_decodes(b, [r for r in view.running if r.is_decode])
+        decodes = [r for r in view.running if r.is_decode and b.contains(r)]
+        budget = ComputeBudget(view.perf_model, self.compute_limit(decodes), decodes)
         queued = 0  # prefill tokens ahead of the next waiting request
         for req in view.running:  # ongoing prefills, in admission order
             if req.in_prefill and not b.removed(req):
                 queued += req.num_uncomputed
-                chunk = b.max_chunk(req)
+                chunk = budget.largest(req, b.max_chunk(req))
                 if chunk:
                     b.add(req, chunk)
-        now, value = view.now, self.value_function
-        order = sorted(waiting, key=lambda r: value(r, now))
-        admitted = 0
-        for req in order:  # Algorithm 1
-            chunk = b.max_chunk(req)
+                    budget.add(req, chunk)
+        self.queue.sync(view.waiting, view.perf_model)
+        kept: list[Entry] = []
+        while (e := self.queue.pop()) is not None:  # Algorithm 1, in value order
+            req = e[2]
+            if b.removed(req):  # dropped late above
+                self.queue.discard(req)
+                continue
+            n = req.num_uncomputed
+            chunk = n if b.fits(req, n) and budget.allows(req, n) else 0
+            if chunk == 0 and not budget.prefills:  # the head may run chunked (see above)
+                chunk = budget.largest(req, b.max_chunk(req))
             if chunk == 0 or not can_admit(b, req, chunk):
+                kept.append(e)
                 break
             b.add(req, chunk)
-            queued += req.num_uncomputed
-            admitted += 1
-        if admitted < len(order) and cfg.offload_threshold > 0:
-            live = [r for r in decodes if b.contains(r)]
-            self._flag_offloads(b, order[admitted:], queued, live)
+            budget.add(req, chunk)
+            self.queue.discard(req)
+            queued += n
+        if kept and cfg.offload_threshold > 0:
+            self._flag_offloads(b, kept, queued, decodes)
+        self.queue.push_back(kept)
         return b.build()
 
     def _flag_offloads(
-        self, b: BatchBuilder, rest: Sequence[Request], queued: int, decodes: Sequence[Request]
+        self, b: BatchBuilder, kept: list[Entry], queued: int, decodes: Sequence[Request]
     ) -> None:
-        """§5.3: offload the requests projected to miss TTFT here and too close to stay."""
+        """§5.3: offload the requests projected to miss TTFT here and too close to stay.
+
+        Scans the queue in value order from ``kept[0]`` (the request that ended
+        admission); every request looked at is appended to ``kept`` unless offloaded.
+        """
         cfg, view = self.config, b.view
         now, model = view.now, view.perf_model
         per_iter = max(self.token_budget - len(decodes), 1)
         t_iter = model.predict(
             BatchShape(prefills=((per_iter, 0),), decodes=tuple(r.num_computed for r in decodes))
         )
-        t_hp_base = worst_hp_time(model, 0, cfg.hp_worst_batch_tokens)
-        longest = max((r.num_uncomputed for r in rest), default=0)
-        t_hp_longest = worst_hp_time(model, longest, cfg.hp_worst_batch_tokens)
-        stay_bound = cfg.offload_threshold * t_hp_longest
-        by_deadline = cfg.value_function == "edf"
-        for req in rest:
+        theta = cfg.offload_threshold
+        t_worst = worst_hp_time(model, cfg.hp_worst_batch_tokens)
+        # EDF pops by latest start s = d - Phi; offload needs d - now <= theta (t_worst + Phi),
+        # i.e. s - now <= theta t_worst + (theta - 1) Phi: past this bound no later one can
+        stop = (
+            theta * t_worst + max(theta - 1.0, 0.0) * self.queue.max_prefill_time()
+            if cfg.value_function in SLACK_ORDERED else math.inf
+        )
+        e: Entry | None = kept.pop()
+        while e is not None:
+            (first_key, *_), _, req, phi = e
+            if b.removed(req):
+                self.queue.discard(req)
+                e = self.queue.pop()
+                continue
             n = req.num_uncomputed
             queued += n
             deadline = req.ttft_deadline
-            if deadline is None or deadline <= now or not awaits_first_token(req):
-                continue
-            if deadline - now > stay_bound:  # too far from its SLO to leave, whatever its size
-                if by_deadline:
-                    break  # EDF order: every later request has at least this much slack
-                continue
-            if now + t_iter * -(-queued // per_iter) <= deadline:
-                continue  # projected to make it on this LP
-            t_hp = (
-                t_hp_base
-                if n <= cfg.hp_worst_batch_tokens
-                else worst_hp_time(model, n, cfg.hp_worst_batch_tokens)
-            )
-            if deadline - now <= cfg.offload_threshold * t_hp:
+            kept.append(e)
+            if first_key - now > stop:
+                break  # EDF: every later request has at least this much slack
+            if (
+                deadline is not None
+                and now < deadline
+                and awaits_first_token(req)
+                and deadline - now <= theta * (t_worst + phi)
+                and now + t_iter * -(-queued // per_iter) > deadline
+            ):
+                kept.pop()
                 b.offload(req)
+                self.queue.discard(req)
                 queued -= n
+            e = self.queue.pop()

@@ -345,5 +345,9 @@ class Policy(ABC):
     def schedule(self, view: InstanceView) -> BatchPlan:
         """Form the next batch (Vidur's ``_get_next_batch``)."""
 
+    def offers_ticket(self, view: InstanceView) -> bool:
+        """Ascendra §6.1: whether this (HP) instance invites a new request now."""
+        return True
+
     def on_batch_end(self, view: InstanceView, plan: BatchPlan) -> None:  # noqa: B027
         """Called after the instance applied the iteration's results."""

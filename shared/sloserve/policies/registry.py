@@ -90,6 +90,13 @@ def get_spec(name: str) -> PolicySpec:
         raise ValueError(f"policy: unknown {name!r}; choose one of {policy_names()}") from None
 
 
+def register(spec: PolicySpec) -> None:
+    """Add a policy variant for this process (experiments, e.g. §8.6's drop-late baselines)."""
+    if spec.name in _SPECS:
+        raise ValueError(f"policy: {spec.name!r} is already registered")
+    _SPECS[spec.name] = spec
+
+
 def instance_roles(policy: str, instances: int, hp_instances: int) -> list[tuple[str, str]]:
     """``[(instance_id, role), ...]``: LP instances first, then HP; ids ``f"{role}{i}"``
     with ``i`` the overall index (``lp0, lp1, hp2``), as the simulator and the stack name them.

@@ -157,7 +157,7 @@ class Simulation:
             for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
                 self._carry_out(action, now)
         if plan.is_empty:
-            self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+            self._report_state(inst, now)
             return
         shape = plan.shape()
         end = now + self.timing.batch_time(shape)
@@ -181,8 +181,13 @@ class Simulation:
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
         self.controller.on_tokens(inst.complete(plan, now))
-        self.controller.on_instance_state(inst.instance_id, inst.num_waiting_prefills, now)
+        self._report_state(inst, now)
         self._kick(k, now)
+
+    def _report_state(self, inst: Instance, now: float) -> None:
+        self.controller.on_instance_state(
+            inst.instance_id, inst.num_waiting_prefills, now,
+            offers_ticket=inst.policy.offers_ticket(inst.view(now)))
 
     def _summary(self, end: float, wall: float) -> dict[str, Any]:
         from sloserve.metrics import summarize

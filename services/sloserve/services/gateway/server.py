@@ -139,7 +139,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now)
         if out.HasField("state"):
             s = out.state
-            self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now)
+            self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
+                                       offers_ticket=not s.declines_ticket)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
