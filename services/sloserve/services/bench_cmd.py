@@ -73,7 +73,7 @@ def add_parser(subparsers: Any) -> None:
                    help="write the result JSON here (one line per rate, per-request arrays)")
     p.add_argument("--plot", default=None, metavar="DIR",
                    help="write TTFT/ITL CDF PNGs (and goodput vs rate for several rates) "
-                        "into DIR (needs matplotlib: the plot extra)")
+                        "into DIR (needs matplotlib: the bench extra)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     p.add_argument("--ttft-slo", type=float, default=None, help=f"seconds (default {TTFT_SLO})")
     p.add_argument("--tbt-slo", type=float, default=None, help=f"seconds (default {TBT_SLO})")
@@ -210,7 +210,7 @@ def check(args: argparse.Namespace) -> list[float]:
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError("plot (--plot): needs matplotlib "
-                             "(pip install 'sloserve[plot]')") from None
+                             "(pip install 'sloserve[bench]')") from None
     return rates
 
 
