@@ -2,8 +2,9 @@
 
 This is how stock ``vllm serve`` runs as the peer (docs/vs-vllm.md). The
 workload is the one ``bench`` sends to our gateway (same trace, seed, Poisson
-arrivals, SLOs, prompt token ids); the summary goes through the same
-``sloserve.metrics.summarize``, so the JSON keys match.
+arrivals, SLOs, prompt token ids); the result goes through the same
+``bench_cmd.result`` (``summarize``'s and vllm bench serve's metrics), so the JSON
+keys match.
 
 Each request is a streamed ``POST /v1/completions`` with the prompt as token
 ids, ``max_tokens`` = the request's output length, ``ignore_eos`` (exact output
