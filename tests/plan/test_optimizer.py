@@ -55,6 +55,18 @@ def test_paper_upper_bound_caps_goodput_at_1_2_over_t_min() -> None:
     assert max(calls) < 1.2  # λ_u itself is never checked, let alone exceeded
 
 
+def test_paper_bound_below_the_pessimistic_rate_returns_it() -> None:
+    calls: list[float] = []
+
+    def feasible(lam: float) -> bool:
+        calls.append(lam)
+        return True
+
+    assert get_goodput(feasible, t_min=20.0) == 0.1  # λ_u = 0.06 < λ_l: nothing to bisect
+    assert calls == [0.1]
+    assert get_goodput(feasible, t_min=20.0, extend_upper=True, max_doublings=2) == 0.4
+
+
 def test_extended_upper_bound_is_doubled_while_feasible() -> None:
     g = get_goodput(lambda lam: lam <= 5.0, t_min=1.0, rel_tol=0.01, extend_upper=True)
     assert 5.0 * 0.99 <= g <= 5.0

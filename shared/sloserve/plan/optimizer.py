@@ -158,18 +158,22 @@ def get_goodput(feasible: Callable[[float], bool], t_min: float, lambda_lo: floa
     ``λ_u = 1.2 / T_min`` until ``λ_u - λ_l <= rel_tol * λ_u``; the answer never
     exceeds ``λ_u`` (the paper: ``1/T_min`` is the optimistic serving rate).
 
-    ``λ_u`` is at least ``2 λ_l`` so that a strategy with ``T_min > 12 s`` still gets a
-    bracket. ``extend_upper=True`` (not in the paper; ``sloserve plan --extend-upper``):
-    ``m`` batching instances can go past one unbatched server's rate, so while ``λ_u`` is
-    itself feasible it is doubled first (at most ``max_doublings`` times).
+    When ``λ_u <= λ_l`` (``T_min >= 12 s``) there is nothing to bisect and the answer is
+    ``λ_l``, as the printed algorithm returns. ``extend_upper=True`` (not in the paper;
+    ``sloserve plan --extend-upper``): ``m`` batching instances can go past one unbatched
+    server's rate, so ``λ_u`` (at least ``2 λ_l``) is doubled while it is itself feasible
+    (at most ``max_doublings`` times) before bisecting.
     """
     if not t_min > 0:
         raise ValueError(f"t_min: must be > 0, got {t_min}")
     lo = lambda_lo
     if not feasible(lo):
         return 0.0
-    hi = max(upper_factor / t_min, 2 * lo)
+    hi = upper_factor / t_min
+    if not extend_upper and hi <= lo:
+        return lo
     if extend_upper:
+        hi = max(hi, 2 * lo)
         for _ in range(max_doublings):
             if not feasible(hi):
                 break
