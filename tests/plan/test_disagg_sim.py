@@ -74,3 +74,14 @@ def test_accurate_evaluator_searches_disaggregated_strategies() -> None:
                            ground_truth="estimator")
     res = ev.evaluate(Strategy(DISAGGREGATED, 1, 1, 16, decode_instances=1, policy=DISAGG))
     assert res.mode == "accurate" and res.goodput_rps > 0 and res.evaluations >= 2
+
+
+def test_accurate_mode_averages_p90s_over_seeds() -> None:
+    model, hw = get_model("llama-2-7b"), get_hardware("a100")
+    sc = Scenario.build(model, hw, 2.0, 0.1, [(512, 32)], num_requests=60, seed=7)
+    ev = AccurateEvaluator(sc, SearchConfig(seeds=2), num_requests=60, ground_truth="estimator")
+    strategy = Strategy(DISAGGREGATED, 1, 1, 16, decode_instances=1, policy=DISAGG)
+    assert [s.seed for s in ev.fast.scenarios] == [7, 8]
+    runs = [ev.p90_one(s, strategy, 3.0) for s in ev.fast.scenarios]
+    assert runs[0] != runs[1]
+    assert ev.p90(strategy, 3.0) == pytest.approx(tuple(np.mean(runs, axis=0)))
