@@ -387,10 +387,45 @@ def accelgen_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[st
     return rows, []
 
 
+BESTSERVE_ARGS = ["--top", "3", "--num-requests", "1000", "--accurate-requests", "100"]
+
+
+def error_verdict(paper_pct: float, ours_pct: float | None) -> str:
+    """Error claims: reproduced when ours ≤ the paper's, partly when ≤ 2× it, else not."""
+    if ours_pct is None:
+        return "not measured"
+    return ("reproduced" if ours_pct <= paper_pct else
+            "partly" if ours_pct <= 2 * paper_pct else "not")
+
+
 def bestserve_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str]]:
+    """BestServe §5 (Table 3, OP1–OP4): the fast estimator against the accurate simulator.
+
+    The paper's error is against vLLM-Ascend on real 910B3s; ours is fast vs accurate mode
+    with the A100 constants calibrated on our profiles, both under Algorithm 8's bound
+    (which caps nearly every answer) and with the bound extended (``--extend-upper``).
+    """
     if not reuse:
-        run_script("bestserve_ops", ["--out", str(RESULTS / "bestserve_ops.json")])
-    return claims_rows("bestserve_ops"), []
+        run_script("bestserve_ops", [*BESTSERVE_ARGS, "--out",
+                                     str(RESULTS / "bestserve_ops.json")])
+    d = load("bestserve_ops")
+    rows = []
+    for r in d["reproduction"]:
+        paper_pct = float(r["paper"].split("%")[0])
+        best_fast, best_acc = r["best_fast_vs_accurate"]
+        rows.append(Row(r["claim"], r["paper"],
+                        f"**{r['ours_extended_bound']:.1f} %** with λ_u extended; "
+                        f"{r['ours_paper_bound']:.1f} % under λ_u = 1.2/T_min; best strategy "
+                        f"fast {best_fast} / accurate {best_acc} over "
+                        f"{', '.join(r['strategies'])}",
+                        r["setup"] + f"; {d['setup']['accurate_requests']} requests per "
+                        "accurate run", error_verdict(paper_pct, r["ours_extended_bound"]),
+                        "λ_u caps every strategy at nearly the same rate, so the paper-bound "
+                        "error says little; with it extended the fast mode's closed-form "
+                        "queueing overestimates collocated goodput against the accurate mode; "
+                        "ours is simulator vs simulator, the paper's is vs real runs "
+                        "(docs/bestserve.md)"))
+    return rows, []
 
 
 # ---------------------------------------------------------------- document
