@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sloserve.admission import refusal
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
@@ -139,6 +140,12 @@ class Simulation:
         req = self.requests[action.request_id]
         if isinstance(action, Dispatch):
             k = self.index[action.instance_id]
+            limits = self.cfg.admission
+            if (limits is not None and action.cause in ("route", "ticket")
+                    and refusal(self.instances[k], req, now, limits) is not None):
+                for a in self.controller.on_scheduled(action.instance_id, [], [req], now):
+                    self._carry_out(a, now)  # refused at the door: a drop, as live
+                return
             self.instances[k].add_request(req, now)
             self._kick(k, now)
         else:
