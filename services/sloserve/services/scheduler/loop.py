@@ -88,6 +88,10 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
 class ExecutorLost(Exception):
     """The executor died (its stream broke) or hung (no result by the batch's deadline)."""
 
+    def __init__(self, reason: str, predicted_s: float = 0.0, deadline_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.predicted_s, self.deadline_s = predicted_s, deadline_s
+
 
 async def _read(
     call: Any, deadline_s: float, predicted_s: float
@@ -97,7 +101,7 @@ async def _read(
         res = await asyncio.wait_for(call.read(), deadline_s)
     except TimeoutError:
         raise ExecutorLost(f"hung: no result {deadline_s:.3f}s after the plan left "
-                           f"(predicted {predicted_s:.3f}s)") from None
+                           f"(predicted {predicted_s:.3f}s)", predicted_s, deadline_s) from None
     except grpc.aio.AioRpcError as exc:
         raise ExecutorLost(f"dead: the Execute stream broke ({exc.code().name})") from None
     if res is grpc.aio.EOF:
@@ -118,7 +122,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
             await _iterate(svc, call)
         except ExecutorLost as exc:
             call.cancel()
-            await svc.executor_lost(str(exc))
+            await svc.executor_lost(str(exc), exc.predicted_s, exc.deadline_s)
             await _until_back(svc, executor)
             await svc.executor_back()
 

@@ -151,7 +151,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             for name in ("", SERVICE_NAMES["scheduler"]):
                 await self.health.set(name, status)
 
-    async def executor_lost(self, reason: str) -> None:
+    async def executor_lost(self, reason: str, predicted_s: float = 0.0,
+                            deadline_s: float = 0.0) -> None:
         """NOT_SERVING (the gateway re-runs our requests elsewhere and cancels them
         here); what ran on the executor is gone: every running request recomputes."""
         moved = self.instance.preempt_all()
@@ -159,7 +160,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         await self._set_health(False)
         self.send(self.output(state=True))
         self.log.warning("executor_lost", reason=reason, requests=len(self.specs),
-                         preempted=len(moved), at=time.time())
+                         preempted=len(moved), predicted_s=predicted_s, deadline_s=deadline_s,
+                         at=time.time())
 
     async def executor_back(self) -> None:
         await self._set_health(True)
