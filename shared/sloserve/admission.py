@@ -8,9 +8,9 @@ A new arrival placed on an instance is refused at once, with a reason, when
 * ``shed_late`` and the perf model predicts it cannot meet its TTFT SLO: the time it
   has already waited, plus the queue ahead of it, plus its own prefill, run in
   iterations of the policy's token budget with the running decodes piggybacked
-  (stall-free batching, Sarathi-Serve §4). This is Ascendra §6.3's drop taken at the
-  door: a request that would be dropped (or missed) later is answered now, when the
-  client can still go elsewhere.
+  (stall-free batching, Sarathi-Serve §4), after the batch under way. This is
+  Ascendra §6.3's drop taken at the door: a request that would be dropped (or
+  missed) later is answered now, when the client can still go elsewhere.
 
 The prediction assumes first-come-first-served: a policy that reorders (EDF, SJF)
 may serve a newcomer earlier, so it errs towards shedding under overload only.
@@ -71,6 +71,8 @@ def predicted_ttft(inst: Instance, req: Request, now: float) -> float:
     chunk = max(1, budget - len(decodes))
     full, last = divmod(work, chunk)
     t = 0.0
+    if inst.running:  # the batch under way ends first (counted whole: we do not know its start)
+        t += inst.perf_model.predict(BatchShape(((min(chunk, work), 0),), decodes))
     if full:
         t += full * inst.perf_model.predict(BatchShape(((chunk, 0),), decodes))
     if last:
