@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sloserve.admission import Admission, predicted_ttft, refusal
+from sloserve.admission import Admission, for_deployment, predicted_ttft, refusal
 from sloserve.batch import BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
@@ -103,3 +103,9 @@ def test_at_three_times_capacity_admitted_requests_keep_their_slos_in_simulation
     plain = list(sims["none"].requests.values())
     plain_good = [r for r in plain if r.ttft is not None and r.ttft <= 1.0]
     assert len(plain_good) / len(plain) < 0.5  # without it, queueing ruins most TTFTs
+
+
+def test_with_hp_instances_the_ttft_test_is_left_to_the_policy_and_the_bounds_stay() -> None:
+    limits = for_deployment(Admission(max_queued_requests=7), num_hp=1)
+    assert (limits.shed_late, limits.max_queued_requests) == (False, 7)
+    assert for_deployment(Admission(), num_hp=0) == Admission()

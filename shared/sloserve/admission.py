@@ -14,6 +14,9 @@ A new arrival placed on an instance is refused at once, with a reason, when
 
 The prediction assumes first-come-first-served: a policy that reorders (EDF, SJF)
 may serve a newcomer earlier, so it errs towards shedding under overload only.
+In a deployment with HP instances (Ascendra) the TTFT test is left to the policy:
+an LP request about to miss is offloaded to an HP (§5.3) or dropped there (§6.3),
+so shedding it at the door would pre-empt the rescue; the queue bounds still hold.
 Only first placements are judged: re-runs after an instance was lost, offloads and
 requests restored after a restart were already accepted and are never refused.
 The simulator and the live scheduler call the same :func:`refusal`.
@@ -22,7 +25,7 @@ The simulator and the live scheduler call the same :func:`refusal`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sloserve.batch import BatchShape
 from sloserve.defaults import RELAXED_TOKEN_BUDGET
@@ -47,6 +50,11 @@ class Admission:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}: must be an integer >= 0 (0: no bound), got {value!r}")
+
+
+def for_deployment(limits: Admission, num_hp: int) -> Admission:
+    """The limits every instance of a deployment with ``num_hp`` HP instances enforces."""
+    return replace(limits, shed_late=False) if num_hp > 0 and limits.shed_late else limits
 
 
 def queued_prefill(inst: Instance) -> tuple[int, int]:

@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import gc
 
-from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission
+from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission, for_deployment
 from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
@@ -122,9 +122,10 @@ def admission_from_args(args: argparse.Namespace) -> Admission | None:
     if args.no_admission:
         return None
     try:
-        return Admission(args.max_queued_requests, args.max_queued_tokens, args.shed_late)
+        limits = Admission(args.max_queued_requests, args.max_queued_tokens, args.shed_late)
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+    return for_deployment(limits, args.num_hp)
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
