@@ -4,8 +4,9 @@ stays flat (docs/reliability.md; the 2-minute figures come from ``run_overload``
 
 The stack is the sim backend slowed 4x (``time_scale``), SLOs scaled alike (TTFT 4 s,
 TBT 0.6 s; the token budget kept at the unscaled SLO's 512), so a 2-core host keeps
-up with the client side: sarathi's goodput capacity for 1024-token prompts and 32 output tokens is 11 req/s on the A100 profile
-(``find_capacity``, 300 requests, seed 1), 2.75 req/s slowed, so 3x is 8.25 req/s.
+up with the client side: sarathi's goodput capacity for 1024-token prompts and 32
+output tokens is 11 req/s on the A100 profile (``find_capacity``, 300 requests,
+seed 1), 2.75 req/s slowed, so 3x is 8.25 req/s.
 """
 
 from __future__ import annotations
