@@ -14,8 +14,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
 from sloserve.client import Chunk, Client
 from sloserve.services.executor.backends import pseudo_token
+from sloserve.services.proto import SERVICE_NAMES
 from sloserve.services.stack import Stack
 
 LOST, HEALTHY = "lp1", "lp0"
@@ -55,6 +59,14 @@ class FaultRun:
     after_lost: list[str] = field(default_factory=list)  # instances serving new requests then
     after_back: list[str] = field(default_factory=list)
     rejoin_s: float = -1.0  # executor resumed/restarted -> the gateway's instance_back
+    health: list[str] = field(default_factory=list)  # the lost scheduler's: while lost, back
+
+
+def _health(stack: Stack) -> str:
+    with grpc.insecure_channel(stack.services[f"scheduler-{LOST}"].address) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(
+            health_pb2.HealthCheckRequest(service=SERVICE_NAMES["scheduler"]), timeout=2)
+    return str(health_pb2.HealthCheckResponse.ServingStatus.Name(resp.status))
 
 
 def _one(client: Client, rid: str, n: int) -> list[Chunk]:
@@ -106,6 +118,7 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
         run.predicted_s = float(lost["predicted_s"])  # type: ignore[arg-type]
         run.deadline_s = float(lost["deadline_s"])  # type: ignore[arg-type]
         run.after_lost = [_one(client, f"new-{k}", 3)[-1].instance_id for k in range(6)]
+        run.health.append(_health(stack))
         time.sleep(max(0.0, hold_s - (time.time() - t_fault)))
     finally:
         if fault == "stop":
@@ -116,6 +129,7 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
     back = _wait_event(logs / "gateway.log", "instance_back", 0, 60)
     run.rejoin_s = float(back["at"]) - t_back  # type: ignore[arg-type]
     run.after_back = [_one(client, f"back-{k}", 3)[-1].instance_id for k in range(6)]
+    run.health.append(_health(stack))
     for t in threads:
         t.join(timeout=300)
     return run
@@ -134,6 +148,7 @@ def _check(run: FaultRun, n: int = 50, max_tokens: int = 120) -> None:
     assert moved > 0  # the lost instance's streams finished on the healthy one
     assert run.after_lost == [HEALTHY] * 6  # nothing routed to the lost instance
     assert LOST in run.after_back  # it rejoined the round-robin
+    assert run.health == ["NOT_SERVING", "SERVING"]
 
 
 def test_sigstopped_executor_is_detected_its_streams_rerun_and_it_rejoins(

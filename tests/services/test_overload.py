@@ -120,6 +120,7 @@ def test_three_times_capacity_sheds_fast_and_the_admitted_keep_their_slos(
     assert out["shed"] > 0.3 * out["requests"], out  # most of the excess is turned away
     assert out["admitted"] > 0.2 * out["requests"], out  # and capacity is still used
     assert out["goodput_share_admitted"] >= 0.9, out
+    assert all(r.startswith("shed: predicted TTFT") for r in out["shed_reasons"]), out
     assert out["shed_latency_p50_s"] < 0.05, out
     assert out["shed_latency_max_s"] < 1.0, out
     for name, mb in out["rss_after_mb"].items():
