@@ -11,6 +11,7 @@ from sloserve.batch import BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.policies import get_spec
+from sloserve.policies.sarathi import SarathiConfig
 from sloserve.request import SLO, Request, RequestStatus
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import Simulation
@@ -24,8 +25,7 @@ class PerToken:
 
 
 def instance() -> Instance:
-    policy = get_spec("sarathi").make("lp", get_spec("sarathi").config_cls(token_budget=512),
-                                      num_hp=0)
+    policy = get_spec("sarathi").make("lp", SarathiConfig(token_budget=512), num_hp=0)
     return Instance("lp0", policy, BlockManager(4096, 16), PerToken())
 
 

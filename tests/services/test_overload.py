@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from sloserve.client import AsyncClient, RequestDropped, SloserveError
-from sloserve.policies import get_spec
+from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.stack import Stack
 
 TIME_SCALE = 4.0
@@ -28,7 +28,7 @@ CAPACITY = 11.0 / TIME_SCALE
 PROMPT, OUTPUT = 1024, 32
 # the budget the unscaled TBT SLO (0.15 s, strict) gives: the scaled one would relax it
 STACK = dict(policy="sarathi", time_scale=TIME_SCALE, ttft_slo=TTFT, tbt_slo=TBT,
-             policy_config=get_spec("sarathi").config_cls(token_budget=512))
+             policy_config=SarathiConfig(token_budget=512))
 
 
 def rss_mb(pid: int) -> float:
