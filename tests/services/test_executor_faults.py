@@ -168,3 +168,60 @@ def test_sigkilled_executor_is_detected_its_streams_rerun_and_it_rejoins(
     run = run_fault(stack, "kill", hold_s=1.0)
     _check(run)
     assert run.detect_s < 1.0
+
+
+def test_a_lone_instance_keeps_its_streams_through_a_hang_and_refuses_new_ones_meanwhile(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """With nowhere to re-run them, a hung instance's requests wait and resume (recomputed)
+    once its executor is back; new requests are refused at once instead of hanging."""
+    from sloserve.client import RequestDropped
+
+    stack = start_stack(policy="sarathi")
+    assert stack.cfg.log_dir is not None
+    client = Client(stack.gateway)
+    n, max_tokens = 12, 80
+    results: dict[int, list[Chunk]] = {}
+    errors: list[BaseException] = []
+    started = threading.Barrier(n + 1)
+
+    def one(k: int) -> None:
+        try:
+            chunks: list[Chunk] = []
+            for c in client.generate(prompt_token_ids=[66 + k] * (40 + 10 * k),
+                                     max_tokens=max_tokens, ttft_slo=60.0, tbt_slo=60.0,
+                                     timeout=120):
+                if not chunks:
+                    started.wait(timeout=60)
+                chunks.append(c)
+            results[k] = chunks
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    started.wait(timeout=60)
+    proc = stack.services["executor-lp0"].proc
+    assert proc is not None
+    proc.send_signal(signal.SIGSTOP)
+    try:
+        _wait_event(stack.cfg.log_dir / "gateway.log", "instance_lost", 0, 30)
+        t0 = time.monotonic()
+        try:
+            _one(client, "during", 3)
+            refused = ""
+        except RequestDropped as exc:
+            refused = exc.details
+        refused_s = time.monotonic() - t0
+    finally:
+        proc.send_signal(signal.SIGCONT)
+    for t in threads:
+        t.join(timeout=120)
+    assert "no healthy instance" in refused and refused_s < 1.0, (refused, refused_s)
+    assert not errors, errors[:3]
+    assert len(results) == n
+    for chunks in results.values():
+        rid = chunks[0].request_id
+        assert [c.token_id for c in chunks] == [pseudo_token(rid, i) for i in range(max_tokens)]
+    assert [c.index for c in _one(client, "after", 3)] == [0, 1, 2]
