@@ -78,7 +78,9 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
               max_tokens: int = 120) -> FaultRun:
     """``n`` streams on 2 instances; once all have a first token, ``fault`` hits
     executor-lp1 (``stop``: SIGSTOP for ``hold_s``, then SIGCONT; ``kill``: SIGKILL,
-    restarted after ``hold_s``)."""
+    restarted after ``hold_s``) or its scheduler (``kill-scheduler``: SIGKILL, restarted
+    after ``hold_s``; it restores its requests from Redis and the gateway's Hello
+    cancels those already re-run on the other instance)."""
     assert stack.cfg.log_dir is not None
     logs = stack.cfg.log_dir
     client = Client(stack.gateway)
@@ -108,17 +110,22 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
     t_fault = time.time()
     if fault == "stop":
         proc.send_signal(signal.SIGSTOP)
-    else:
+    elif fault == "kill":
         stack.kill(f"executor-{LOST}")
+    else:  # "kill-scheduler": the whole instance is unreachable
+        stack.kill(f"scheduler-{LOST}")
     try:
-        lost = _wait_event(logs / f"scheduler-{LOST}.log", "executor_lost", 0, 30)
         gw = _wait_event(logs / "gateway.log", "instance_lost", 0, 30)
-        run.detect_s = float(lost["at"]) - t_fault  # type: ignore[arg-type]
         run.gateway_s = float(gw["at"]) - t_fault  # type: ignore[arg-type]
-        run.predicted_s = float(lost["predicted_s"])  # type: ignore[arg-type]
-        run.deadline_s = float(lost["deadline_s"])  # type: ignore[arg-type]
+        if fault == "kill-scheduler":
+            run.detect_s = run.gateway_s
+        else:
+            lost = _wait_event(logs / f"scheduler-{LOST}.log", "executor_lost", 0, 30)
+            run.detect_s = float(lost["at"]) - t_fault  # type: ignore[arg-type]
+            run.predicted_s = float(lost["predicted_s"])  # type: ignore[arg-type]
+            run.deadline_s = float(lost["deadline_s"])  # type: ignore[arg-type]
         run.after_lost = [_one(client, f"new-{k}", 3)[-1].instance_id for k in range(6)]
-        run.health.append(_health(stack))
+        run.health.append(_health(stack) if fault != "kill-scheduler" else "NOT_SERVING")
         time.sleep(max(0.0, hold_s - (time.time() - t_fault)))
     finally:
         if fault == "stop":
@@ -126,6 +133,8 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
     t_back = time.time()
     if fault == "kill":
         stack.restart(f"executor-{LOST}")
+    elif fault == "kill-scheduler":
+        stack.restart(f"scheduler-{LOST}")
     back = _wait_event(logs / "gateway.log", "instance_back", 0, 60)
     run.rejoin_s = float(back["at"]) - t_back  # type: ignore[arg-type]
     run.after_back = [_one(client, f"back-{k}", 3)[-1].instance_id for k in range(6)]
@@ -166,6 +175,15 @@ def test_sigkilled_executor_is_detected_its_streams_rerun_and_it_rejoins(
 ) -> None:
     stack = start_stack(policy="sarathi", instances=2)
     run = run_fault(stack, "kill", hold_s=1.0)
+    _check(run)
+    assert run.detect_s < 1.0
+
+
+def test_sigkilled_scheduler_of_one_of_two_instances_has_its_streams_rerun_and_rejoins(
+    start_stack: Callable[..., Stack],
+) -> None:
+    stack = start_stack(policy="sarathi", instances=2)
+    run = run_fault(stack, "kill-scheduler", hold_s=1.0)
     _check(run)
     assert run.detect_s < 1.0
 

@@ -167,11 +167,11 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             freed, svc.freed = svc.freed, []
             msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
                                 block_tables=svc.executor.backend != "sim")
-            predicted = inst.perf_model.predict(plan.shape())
             try:
                 await call.write(msg)
             except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
                 raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
+            predicted = inst.perf_model.predict(plan.shape())  # off the plan's hop
             svc.hold()
             if out.offloaded or out.dropped:
                 svc.send(out)  # decided with this plan
