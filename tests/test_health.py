@@ -30,3 +30,13 @@ def test_bad_settings_are_rejected_by_name() -> None:
         HangDeadline(factor=0.5)
     with pytest.raises(ValueError, match="hang_slack_s"):
         HangDeadline(slack_s=float("nan"))
+
+
+def test_a_missed_deadline_widens_the_next_and_good_batches_narrow_it_again() -> None:
+    h = HangDeadline(factor=2.0, slack_s=1.0)
+    h.widen()
+    h.widen()
+    assert h.deadline(1.0) == pytest.approx(2.0 * 4.0 + 1.0)  # 4x the pace after two misses
+    for _ in range(200):
+        h.observe(1.0, 1.0)
+    assert h.deadline(1.0) == pytest.approx(3.0, rel=0.01)

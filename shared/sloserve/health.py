@@ -44,6 +44,12 @@ class HangDeadline:
         """Seconds after the plan left by which its result must be back."""
         return self.factor * self.expected(predicted_s) + self.slack_s
 
+    def widen(self) -> None:
+        """A batch missed its deadline: double the expected pace, so an executor that is
+        only much slower than predicted (a cold start, a compile) is not lost over and
+        over; the batches that come back pull it down again."""
+        self.ratio = min(MAX_RATIO, self.ratio * 2)
+
     def observe(self, predicted_s: float, measured_s: float) -> None:
         """A batch came back: follow the executor's pace relative to the perf model."""
         if predicted_s <= 0 or not math.isfinite(measured_s) or measured_s < 0:

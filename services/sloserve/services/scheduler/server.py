@@ -155,6 +155,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                             deadline_s: float = 0.0) -> None:
         """NOT_SERVING (the gateway re-runs our requests elsewhere and cancels them
         here); what ran on the executor is gone: every running request recomputes."""
+        if deadline_s > 0:
+            self.hang.widen()  # a slow executor is not lost again and again
         moved = self.instance.preempt_all()
         self.freed = []  # the executor's next stream starts empty
         await self._set_health(False)
