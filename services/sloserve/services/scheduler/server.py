@@ -148,8 +148,10 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if self.health is not None:
             status = (health_pb2.HealthCheckResponse.SERVING if serving
                       else health_pb2.HealthCheckResponse.NOT_SERVING)
-            for name in ("", SERVICE_NAMES["scheduler"]):
-                await self.health.set(name, status)
+            # the service's own status is readiness (the gateway routes by it); the
+            # server's ("") stays liveness: a supervisor must not restart a scheduler
+            # whose executor is the one that is down
+            await self.health.set(SERVICE_NAMES["scheduler"], status)
 
     async def executor_lost(self, reason: str, predicted_s: float = 0.0,
                             deadline_s: float = 0.0) -> None:
