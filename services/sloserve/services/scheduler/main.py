@@ -37,7 +37,7 @@ async def _describe(
 async def serve(args: argparse.Namespace) -> None:
     policy = policy_from_args(args)  # a bad knob fails before any connection
     admission = admission_from_args(args)
-    hang = HangDeadline(args.hang_factor, args.hang_slack)
+    hang = hang_from_args(args)
     redis = connect(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
@@ -126,6 +126,16 @@ def admission_from_args(args: argparse.Namespace) -> Admission | None:
     except ValueError as exc:
         raise ValueError(f"--{str(exc).replace('_', '-')}") from None
     return for_deployment(limits, args.num_hp)
+
+
+def hang_from_args(args: argparse.Namespace) -> HangDeadline:
+    """The hang deadline the flags ask for; a bad value names its flag."""
+    try:
+        return HangDeadline(args.hang_factor, args.hang_slack)
+    except ValueError as exc:
+        msg = str(exc).replace("hang_slack_s", "--hang-slack").replace("hang_factor",
+                                                                       "--hang-factor")
+        raise ValueError(msg) from None
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:

@@ -60,7 +60,6 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.admission = admission  # None: every submission is queued
         self.hang = hang or HangDeadline()
         self.health: health.aio.HealthServicer | None = None  # set once serving
-        self.executor_ok = True
         self.clock, self.decision_log = clock, decision_log
         self.specs: dict[str, common_pb2.RequestSpec] = {}  # wire input of each request
         self.freed: list[str] = []  # released since the last plan (the executor forgets them)
@@ -144,7 +143,6 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
 
     # --- executor health ------------------------------------------------------------
     async def _set_health(self, serving: bool) -> None:
-        self.executor_ok = serving
         if self.health is not None:
             status = (health_pb2.HealthCheckResponse.SERVING if serving
                       else health_pb2.HealthCheckResponse.NOT_SERVING)
