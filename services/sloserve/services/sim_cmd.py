@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from sloserve.admission import Admission
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.policies import get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
@@ -57,6 +58,9 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--admission", action="store_true",
+                   help="refuse arrivals as the live scheduler does by default (bounded "
+                        "queues, TTFT shedding at its defaults; docs/reliability.md)")
     add_policy_flags(p)
 
 
@@ -87,6 +91,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, timing_profile=args.timing_profile,
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
+        admission=Admission() if getattr(args, "admission", False) else None,
     )
     cfg.validate()
     return cfg

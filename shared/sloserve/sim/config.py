@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sloserve.admission import Admission
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
@@ -39,6 +40,7 @@ class SimConfig:
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
+    admission: Admission | None = None  # admission control at arrival (None: queue everything)
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)

@@ -29,6 +29,7 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
 from sloserve.services import obs, rpc
 from sloserve.services.convert import request_of
+from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
@@ -87,9 +88,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
             iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
             for iid, addr in addresses.items()
         }
+        self.watches = {iid: HealthWatch(iid, addr, self.on_health)
+                        for iid, addr in addresses.items()}
 
     # --- carrying out the controller's decisions ---------------------------------
-    def _carry_out(self, actions: Iterable[Action], now: float) -> None:
+    def _carry_out(self, actions: Iterable[Action], now: float,
+                   reasons: dict[str, str] | None = None) -> None:
+        """``reasons``: what the scheduler said about requests it dropped (an admission
+        refusal names its limit); the controller's reason otherwise."""
         for action in actions:
             if self.decision_log is not None:
                 self.decision_log.write(json.dumps(action_record(action)) + "\n")
@@ -106,7 +112,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                     self.log.info(action.cause, request=action.request_id,
                                   dst=action.instance_id)
             else:
-                f.events.put_nowait(action)
+                why = (reasons or {}).get(action.request_id)
+                f.events.put_nowait(Drop(action.request_id, why) if why else action)
 
     def _located(self, request_id: str, instance_id: str) -> Flight | None:
         """The flight, if ``instance_id`` is where the controller put it (else stale news)."""
@@ -131,16 +138,32 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.ctl.on_tokens(fresh)
         if out.offloaded or out.dropped:
             offloaded = [f.req for r in out.offloaded if (f := self._located(r, instance_id))]
-            dropped = []
-            for d in out.dropped:
-                if (f := self._located(d.request_id, instance_id)) is not None:
-                    f.req.drop_reason = d.reason or None  # the policy's reason, if it gave one
-                    dropped.append(f.req)
-            self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now)
+            dropped = [f.req for d in out.dropped
+                       if (f := self._located(d.request_id, instance_id))]
+            reasons = {d.request_id: d.reason for d in out.dropped if d.reason}
+            self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now,
+                            reasons)
         if out.HasField("state"):
             s = out.state
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
+
+    def on_health(self, instance_id: str, serving: bool) -> None:
+        """An instance turned unhealthy (its executor is dead or hung, or its scheduler
+        is unreachable) or healthy again: the controller decides; re-runs are carried
+        out and the moved requests cancelled on the lost instance."""
+        now = time.time()
+        if serving:
+            self.ctl.on_instance_back(instance_id, now)
+            self.log.info("instance_back", instance=instance_id, at=now)
+            return
+        actions = self.ctl.on_instance_lost(instance_id, now)
+        self.log.warning("instance_lost", instance=instance_id, at=now,
+                         rerun=sum(isinstance(a, Dispatch) for a in actions))
+        for a in actions:
+            if isinstance(a, Dispatch):
+                self.links[instance_id].cancel(a.request_id)
+        self._carry_out(actions, now)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -285,6 +308,7 @@ async def serve(args: argparse.Namespace) -> None:
     )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
+    tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
     svc.log.info("serving", port=args.port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks)
 
