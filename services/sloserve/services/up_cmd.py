@@ -2,8 +2,10 @@
 
 Redis at ``--redis-url``/``$REDIS_URL`` or an embedded one; perf-model; N
 executor+scheduler pairs; the gateway (127.0.0.1:50051). Prints the
-addresses, restarts a service whose process dies (its scheduler state is in
-Redis), and shuts everything down on Ctrl-C or SIGTERM.
+addresses and whether API keys are required, then supervises
+(``supervisor.py``): a service whose process dies or that stops answering its
+health check is restarted alone, with backoff (its scheduler state is in
+Redis). It exits only on Ctrl-C or SIGTERM, shutting everything down.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
-from sloserve.services.stack import Stack, StackConfig
-
-SUPERVISE_S = 1.0
+from sloserve.services.auth import API_KEYS_ENV, load_api_keys
+from sloserve.services.executor.backends import VLLM
+from sloserve.services.stack import VLLM_START_S, Stack, StackConfig
+from sloserve.services.supervisor import Policy, Supervisor
 
 
 def add_parser(subparsers: Any) -> None:
@@ -48,6 +51,11 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", default=None,
                    help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
     p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
+    p.add_argument("--api-key-file", default=None,
+                   help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
+                        "none configured: auth off")
+    p.add_argument("--unhealthy-after", type=float, default=10.0,
+                   help="restart a live service whose health check fails this long, s")
     add_policy_flags(p)
 
 
@@ -62,30 +70,54 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         policy_config=policy_config,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
+        api_key_file=args.api_key_file,
     )
     cfg.validate()
     return cfg
 
 
+
+def _masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    u = urlsplit(url)
+    if not u.password:
+        return url
+    host = u.hostname or ""
+    netloc = f"{u.username or ''}:***@{host}" + (f":{u.port}" if u.port else "")
+    return urlunsplit(u._replace(netloc=netloc))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.unhealthy_after <= 0:
+        raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
+    keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stack = Stack(cfg)
+    start_s = VLLM_START_S if cfg.backend == VLLM else 60.0
+    supervisor: Supervisor | None = None
     try:
         stack.start()
-        print(f"redis      {stack.redis_url}{' (embedded)' if stack.embedded else ''}"
+        print(f"redis      {_masked(stack.redis_url)}{' (embedded)' if stack.embedded else ''}"
               f"  prefix {stack.prefix}")
         for name, svc in stack.services.items():
             print(f"{name:<16} {svc.address}")
         print(f"logs       {cfg.log_dir}")
+        print(f"auth       API keys required ({len(keys)} configured)" if keys else
+              f"auth       off: no API keys (${API_KEYS_ENV} or --api-key-file), "
+              "every client is served")
         print(f"gateway ready on {stack.gateway} (Ctrl-C to stop)", flush=True)
-        while not stop.wait(SUPERVISE_S):
-            for name in stack.exited():
-                print(f"{name} exited; restarting", flush=True)
-                stack.restart(name)
+        supervisor = Supervisor(stack, Policy(unhealthy_s=args.unhealthy_after,
+                                              start_s=start_s)).start()
+        while not stop.wait(1.0):
+            pass
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         stack.stop()
         print("stopped", flush=True)
     return 0
