@@ -24,7 +24,7 @@ import os
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 
@@ -148,39 +148,53 @@ def internal_interceptors() -> list[grpc.aio.ServerInterceptor]:
     return [] if token is None else [BearerAuth([token], "internal token")]
 
 
-class _Add:
-    def __init__(self, credential: str) -> None:
-        self.pair = (HEADER, SCHEME + credential)
+class _Sending:
+    """A multi-callable that adds the credential to every call's metadata."""
 
-    def details(self, d: grpc.aio.ClientCallDetails) -> grpc.aio.ClientCallDetails:
-        md = grpc.aio.Metadata(*(d.metadata or ()), self.pair)
-        return grpc.aio.ClientCallDetails(d.method, d.timeout, md, d.credentials,
-                                           d.wait_for_ready)
+    def __init__(self, inner: Any, pair: tuple[str, str]) -> None:
+        self._inner, self._pair = inner, pair
 
+    def __call__(self, *args: Any, metadata: Any = None, **kw: Any) -> Any:
+        return self._inner(*args, metadata=(*(metadata or ()), self._pair), **kw)
 
-class _UU(_Add, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_unary(self, continuation: Any, d: Any, request: Any) -> Any:
-        return await continuation(self.details(d), request)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
 
 
-class _US(_Add, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_unary_stream(self, continuation: Any, d: Any, request: Any) -> Any:
-        return await continuation(self.details(d), request)
+class CredentialChannel:
+    """An aio channel whose every call carries ``authorization: Bearer <credential>``.
+
+    Not a client interceptor: gRPC's aio interceptors put every message of a stream
+    through an extra queue (the scheduler's per-batch plan stream would pay it); this
+    only adds one metadata pair when a call starts. Everything else is the channel's."""
+
+    def __init__(self, channel: grpc.aio.Channel, credential: str) -> None:
+        self._channel, self._pair = channel, (HEADER, SCHEME + credential)
+
+    def unary_unary(self, *args: Any, **kw: Any) -> Any:
+        return _Sending(self._channel.unary_unary(*args, **kw), self._pair)
+
+    def unary_stream(self, *args: Any, **kw: Any) -> Any:
+        return _Sending(self._channel.unary_stream(*args, **kw), self._pair)
+
+    def stream_unary(self, *args: Any, **kw: Any) -> Any:
+        return _Sending(self._channel.stream_unary(*args, **kw), self._pair)
+
+    def stream_stream(self, *args: Any, **kw: Any) -> Any:
+        return _Sending(self._channel.stream_stream(*args, **kw), self._pair)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._channel, name)
+
+    async def __aenter__(self) -> CredentialChannel:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._channel.close()
 
 
-class _SU(_Add, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_unary(self, continuation: Any, d: Any, requests: Any) -> Any:
-        return await continuation(self.details(d), requests)
-
-
-class _SS(_Add, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
-    async def intercept_stream_stream(self, continuation: Any, d: Any, requests: Any) -> Any:
-        return await continuation(self.details(d), requests)
-
-
-def client_interceptors(credential: str | None) -> list[Any]:
-    """aio channel interceptors that send ``credential`` on every call (none if ``None``)."""
+def sending(channel: grpc.aio.Channel, credential: str | None) -> grpc.aio.Channel:
+    """``channel``, sending ``credential`` on every call when there is one."""
     if not credential:
-        return []
-    return [cls(credential) for cls in (_UU, _US, _SU, _SS)]
-
+        return channel
+    return cast(grpc.aio.Channel, CredentialChannel(channel, credential))

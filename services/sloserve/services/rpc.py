@@ -123,10 +123,9 @@ def check_port_free(host: str, port: int) -> None:
 
 def channel(target: str) -> grpc.aio.Channel:
     """An internal channel: sends ``$SLOSERVE_INTERNAL_TOKEN`` on every call when set."""
-    from sloserve.services.auth import client_interceptors, internal_token
+    from sloserve.services.auth import internal_token, sending
 
-    return grpc.aio.insecure_channel(target, options=client_options(),
-                                     interceptors=client_interceptors(internal_token()))
+    return sending(grpc.aio.insecure_channel(target, options=client_options()), internal_token())
 
 
 async def start_server(

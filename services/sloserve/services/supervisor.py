@@ -87,8 +87,9 @@ class Supervisor:
     """Watches every service of a started :class:`Stack` until :meth:`stop`."""
 
     def __init__(self, stack: Stack, policy: Policy | None = None,
-                 say: Callable[[str], None] = print) -> None:
-        self.stack, self.policy, self.say = stack, policy or Policy(), say
+                 say: Callable[[str], None] | None = None) -> None:
+        self.stack, self.policy = stack, policy or Policy()
+        self.say = say or (lambda line: print(line, flush=True))
         self.restarts: list[Restart] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
