@@ -5,6 +5,7 @@ messages from anyone who can publish."""
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
+from conftest import ThrowawayRedis
 
 from sloserve.client import Client, Unauthenticated
 from sloserve.services.auth import load_api_keys
@@ -175,3 +177,29 @@ def test_keys_come_from_env_and_file_and_there_is_no_default(tmp_path: Path) -> 
     assert load_api_keys(str(f), env="a, b c") == {"a", "b", "c", "file-key"}
     with pytest.raises(ValueError, match="--api-key-file"):
         load_api_keys(str(tmp_path / "missing"), env="")
+
+
+def test_a_password_protected_redis_is_used_and_the_password_stays_off_command_lines(
+    start_stack: Callable[..., Stack],
+) -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    secret = "pw-" + "x7" * 12
+    server = ThrowawayRedis(password=secret)
+    server.start()
+    try:
+        stack = start_stack(policy="sarathi", redis_url=server.url)
+        chunks = list(Client(stack.gateway).generate("hi", max_tokens=4, timeout=30))
+        assert len(chunks) == 4
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=server.port).ping()  # no password: refused
+        authed = redis.Redis.from_url(server.url)
+        assert authed.exists(f"{stack.prefix}:coefficients")  # the perf model wrote its fit
+        authed.close()
+        for svc in stack.services.values():
+            assert svc.proc is not None
+            cmdline = Path(f"/proc/{svc.proc.pid}/cmdline").read_bytes()
+            assert secret.encode() not in cmdline, svc.name
+        assert stack.exited() == []
+    finally:
+        server.kill()
