@@ -19,6 +19,7 @@ from sloserve.client import Client
 from sloserve.services.store import free_port
 
 SERVICES = ("perfmodel", "executor", "scheduler", "gateway")
+N_STREAMS, STREAM_TOKENS = 8, 150
 
 
 class Up:
@@ -120,15 +121,39 @@ def test_killed_services_are_restarted_in_parallel_and_the_rest_keep_their_pids(
     # the executor: its scheduler ends its stream with it (and is restarted as well);
     # the gateway and perf model are untouched
     mid = up.pids()
+    streams: dict[int, list[int]] = {}
+    failed: list[BaseException] = []
+    first = threading.Barrier(N_STREAMS + 1)
+
+    def stream(k: int) -> None:
+        got = streams.setdefault(k, [])
+        try:
+            for c in Client(f"127.0.0.1:{up.port}").generate(
+                    "hello", max_tokens=STREAM_TOKENS, ignore_eos=True, timeout=90):
+                got.append(c.index)
+                if len(got) == 1:
+                    first.wait(30)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(N_STREAMS)]
+    for t in threads:
+        t.start()
+    first.wait(30)  # every stream has its first token: all in flight
     t1 = time.monotonic()
     os.kill(mid["executor"], signal.SIGKILL)
     _wait_for(lambda: up.serving_again("executor") is not None, 30, up.lines)
     served = _served(up.port, t1 + 60)
+    for t in threads:
+        t.join(90)
+    lost = [k for k, got in streams.items() if got != list(range(STREAM_TOKENS))]
+    assert not failed and not lost, (failed, lost)
     last = up.pids()
     assert last["executor"] != mid["executor"]
     assert (last["gateway"], last["perfmodel"]) == (mid["gateway"], mid["perfmodel"])
     print(f"executor SERVING {up.serving_again('executor'):.2f} s after detection; first "
-          f"request served {served - t1:.2f} s after the kill")
+          f"new request served {served - t1:.2f} s after the kill; {N_STREAMS}/{N_STREAMS} "
+          f"in-flight streams complete, 0 lost")
     up.proc.send_signal(signal.SIGTERM)
     assert up.proc.wait(timeout=20) == 0
 
