@@ -203,3 +203,18 @@ def test_a_password_protected_redis_is_used_and_the_password_stays_off_command_l
         assert stack.exited() == []
     finally:
         server.kill()
+
+
+def test_internal_services_bind_loopback_whatever_the_gateway_host(tmp_path: Path) -> None:
+    from sloserve.services.stack import StackConfig
+
+    stack = Stack(StackConfig(host="0.0.0.0", redis_url="redis://127.0.0.1:1/0",
+                              log_dir=tmp_path, instances=2))
+    stack.plan()
+    hosts = {n: s.argv[s.argv.index("--host") + 1] for n, s in stack.services.items()}
+    assert hosts.pop("gateway") == "0.0.0.0"
+    assert set(hosts.values()) == {"127.0.0.1"}, hosts
+    assert all(s.address.startswith("127.0.0.1:") for n, s in stack.services.items()
+               if n != "gateway")
+    assert stack.internal_token and len(stack.internal_token) >= 32  # generated per stack
+    assert Stack(StackConfig(redis_url="redis://x/0")).internal_token != stack.internal_token

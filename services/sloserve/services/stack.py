@@ -4,7 +4,7 @@ One process per service: perf-model, then per instance an executor and its
 scheduler, then the gateway; each is ``python -m sloserve.services.<svc>``.
 With no Redis URL an :class:`EmbeddedRedis` is started in this process.
 Every Redis key lives under ``prefix``; every port but the gateway's is free
-and loopback.
+and loopback (``host`` is the gateway's alone).
 
 Access (``services/auth.py``): every child gets the stack's internal token in
 ``$SLOSERVE_INTERNAL_TOKEN`` (``internal_token``; by default ``$SLOSERVE_INTERNAL_TOKEN``
@@ -32,6 +32,7 @@ from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
 VLLM_START_S = 300.0
+INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
 
 
 @dataclass(slots=True)
@@ -112,12 +113,13 @@ class Stack:
         return self.services["gateway"].address
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
-        base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", self.cfg.host,
+        host = self.cfg.host if svc == "gateway" else INTERNAL_HOST
+        base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", host,
                 "--port", str(port)]
         return base + list(args)
 
     def plan(self) -> None:
-        c, h = self.cfg, self.cfg.host
+        c, h = self.cfg, INTERNAL_HOST
         common = ["--prefix", self.prefix]  # the Redis URL travels in $REDIS_URL
         p = free_port(h)
         self._add("perfmodel", self._module(
@@ -154,7 +156,7 @@ class Stack:
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
-                  f"{h}:{c.gateway_port}", "gateway")
+                  f"{c.host}:{c.gateway_port}", "gateway")
 
     def _decision_log(self, name: str) -> list[str]:
         d = self.cfg.decision_dir

@@ -38,7 +38,8 @@ def add_parser(subparsers: Any) -> None:
                    help="sim: profiled GPU; torch/vllm: cpu or a CUDA GPU")
     p.add_argument("--weights", default=None,
                    help="torch: local checkpoint directory; vllm: a Hugging Face directory")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the gateway's address (the other services always bind 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
