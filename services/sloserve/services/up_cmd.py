@@ -26,6 +26,9 @@ from sloserve.services.executor.backends import VLLM
 from sloserve.services.stack import VLLM_START_S, Stack, StackConfig
 from sloserve.services.supervisor import Policy, Supervisor
 
+UNHEALTHY_S = 10.0
+UNHEALTHY_REAL_S = 60.0
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("up", help="start the live stack (gRPC services + Redis)")
@@ -55,8 +58,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--api-key-file", default=None,
                    help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
                         "none configured: auth off")
-    p.add_argument("--unhealthy-after", type=float, default=10.0,
-                   help="restart a live service whose health check fails this long, s")
+    p.add_argument("--unhealthy-after", type=float, default=None,
+                   help="restart a live service whose health check fails this long, s "
+                        f"(default {UNHEALTHY_S:.0f}; torch/vllm {UNHEALTHY_REAL_S:.0f}: their "
+                        "executors compute on the event loop, a long batch delays the answer)")
     add_policy_flags(p)
 
 
@@ -91,7 +96,7 @@ def _masked(url: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.unhealthy_after <= 0:
+    if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
     cfg = config_from_args(args)
@@ -100,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: stop.set())
     stack = Stack(cfg)
     start_s = VLLM_START_S if cfg.backend == VLLM else 60.0
+    unhealthy_s = args.unhealthy_after or (UNHEALTHY_S if cfg.backend == "sim"
+                                           else UNHEALTHY_REAL_S)
     supervisor: Supervisor | None = None
     try:
         stack.start()
@@ -112,8 +119,7 @@ def run(args: argparse.Namespace) -> int:
               f"auth       off: no API keys (${API_KEYS_ENV} or --api-key-file), "
               "every client is served")
         print(f"gateway ready on {stack.gateway} (Ctrl-C to stop)", flush=True)
-        supervisor = Supervisor(stack, Policy(unhealthy_s=args.unhealthy_after,
-                                              start_s=start_s)).start()
+        supervisor = Supervisor(stack, Policy(unhealthy_s=unhealthy_s, start_s=start_s)).start()
         while not stop.wait(1.0):
             pass
     finally:
