@@ -83,6 +83,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.tokenizer.vocab_size, inputs or InputLimits(),
         )
         self.flights: dict[str, Flight] = {}
+        self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
             iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
@@ -153,7 +154,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         except InvalidInput as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = spec.request_id
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=_owner(context))
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=self._owner(context))
         self.flights[rid] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -202,6 +203,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
             return await asyncio.to_thread(self.tokenizer.encode, prompt)
         return self.tokenizer.encode(prompt)
 
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who is calling: the id of the call's API key; "" with auth off (no identity:
+        anyone may cancel anything, as before keys)."""
+        if not self.auth_on:
+            return ""
+        key = auth.bearer(context.invocation_metadata())
+        return "" if key is None else auth.key_id(key)
+
     def _arrival_time(self, context: grpc.aio.ServicerContext) -> float:
         """Now; with a virtual clock, the time the conductor stamped on the call."""
         if self.virtual_clock:
@@ -214,7 +223,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelResponse:
         f = self.flights.get(request.request_id)
-        if f is not None and f.owner != _owner(context):
+        if f is not None and f.owner != self._owner(context):
             f = None  # another key's request: as if unknown (no oracle of others' ids)
         if f is not None:
             f.events.put_nowait(None)
@@ -234,13 +243,6 @@ class GatewayService(gateway_grpc.GatewayServicer):
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
             instances=instances, tokenizer=self.tokenizer.name)
-
-
-def _owner(context: grpc.aio.ServicerContext) -> str:
-    """Who is calling: the id of the API key the call carries ("" when it has none; with
-    auth on, the interceptor has already refused such a call)."""
-    key = auth.bearer(context.invocation_metadata())
-    return "" if key is None else auth.key_id(key)
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
@@ -285,6 +287,7 @@ async def serve(args: argparse.Namespace) -> None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
+    svc.auth_on = bool(keys)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
