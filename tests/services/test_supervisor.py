@@ -178,3 +178,23 @@ def test_a_hung_service_is_killed_and_restarted_after_the_unhealthy_window(up: U
 def test_up_prints_one_auth_line(up: Up) -> None:
     auth = [ln for ln in up.lines if ln.startswith("auth")]
     assert len(auth) == 1 and "off" in auth[0], up.lines
+
+
+def test_up_with_keys_says_so_and_refuses_a_keyless_client(tmp_path: Path) -> None:
+    from sloserve.client import Unauthenticated
+
+    keys = tmp_path / "keys"
+    keys.write_text("up-key-1\nup-key-2\n")
+    u = Up(tmp_path, "--api-key-file", str(keys))
+    try:
+        assert u.ready.wait(90), u.lines
+        auth = [ln for ln in u.lines if ln.startswith("auth")]
+        assert len(auth) == 1 and "required (2 configured)" in auth[0], u.lines
+        with pytest.raises(Unauthenticated):
+            list(Client(f"127.0.0.1:{u.port}").generate("hi", max_tokens=2, timeout=10))
+        ok = list(Client(f"127.0.0.1:{u.port}", api_key="up-key-2").generate(
+            "hi", max_tokens=2, timeout=10))
+        assert len(ok) == 2
+    finally:
+        u.proc.send_signal(signal.SIGTERM)
+        assert u.proc.wait(timeout=20) == 0
