@@ -21,6 +21,7 @@ def test_a_short_soak_reports_every_request_and_each_process_rss(tmp_path: Path)
     r = json.loads(out.read_text())
     assert r["sent"] > 0 and r["completed"] == r["sent"]
     assert r["lost"] == 0 and r["errors"] == {} and r["exited_services"] == []
+    assert r["restarts"] == []
     assert r["qps"] == 2.0 and r["capacity_given"] is True
     assert set(r["rss"]) == {"perfmodel", "executor-lp0", "scheduler-lp0", "gateway"}
     assert all(v["rss_last_mb"] > 10 for v in r["rss"].values())
