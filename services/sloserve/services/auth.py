@@ -97,9 +97,14 @@ def _matches(credential: str | None, accepted: Sequence[bytes]) -> bool:
     return found
 
 
+def _ignore(_: bytes) -> None:
+    return None
+
+
 def _denied(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
-    """A handler of ``handler``'s kind that answers UNAUTHENTICATED and does nothing else."""
-    des, ser = handler.request_deserializer, handler.response_serializer
+    """A handler of ``handler``'s kind that answers UNAUTHENTICATED and does nothing else
+    (the request bytes are not even parsed)."""
+    des, ser = _ignore, handler.response_serializer
 
     async def deny(_: Any, context: grpc.aio.ServicerContext) -> Any:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
