@@ -56,6 +56,9 @@ class StackConfig:
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
+    http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
+    metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
+    log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -76,6 +79,7 @@ class Service:
     address: str
     health: str  # gRPC service name to wait for
     proc: subprocess.Popen[bytes] | None = None
+    metrics: str = ""  # host:port of its /metrics, "" if none
 
 
 class Stack:
@@ -90,6 +94,11 @@ class Stack:
     @property
     def gateway(self) -> str:
         return self.services["gateway"].address
+
+    @property
+    def http(self) -> str:
+        """The OpenAI-compatible API's base URL ("" when off)."""
+        return f"http://{self.cfg.host}:{self.cfg.http_port}" if self.cfg.http_port else ""
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
         base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", self.cfg.host,
@@ -131,6 +140,8 @@ class Stack:
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
               "--clock", c.clock, *self._decision_log("gateway")]
+        if c.http_port:
+            gw += ["--http-port", str(c.http_port)]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{h}:{c.gateway_port}", "gateway")
 
@@ -141,7 +152,14 @@ class Stack:
     def _add(self, name: str, argv: list[str], address: str, health: str) -> None:
         from sloserve.services.proto import SERVICE_NAMES
 
-        self.services[name] = Service(name, argv, address, SERVICE_NAMES[health])
+        metrics = ""
+        if self.cfg.metrics:
+            port = free_port(self.cfg.host)
+            argv = [*argv, "--metrics-port", str(port)]
+            metrics = f"{self.cfg.host}:{port}"
+        if self.cfg.log_level:
+            argv = [*argv, "--log-level", self.cfg.log_level]
+        self.services[name] = Service(name, argv, address, SERVICE_NAMES[health], metrics=metrics)
 
     def start(self, timeout: float = 60.0) -> Stack:
         if self.cfg.backend == VLLM:  # importing vLLM, maybe preparing the model: minutes
