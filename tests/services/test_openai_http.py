@@ -141,7 +141,8 @@ def test_metrics_show_vllm_families_with_counts_after_requests(stack: Stack) -> 
     text = httpx.get(f"http://{sched.metrics}/metrics").text
     for family in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                    "vllm:kv_cache_usage_perc", "vllm:num_preemptions_total",
-                   "vllm:request_queue_time_seconds_count", "sloserve:policy_decision_seconds_count",
+                   "vllm:request_queue_time_seconds_count",
+                   "sloserve:policy_decision_seconds_count",
                    "sloserve:perf_model_relative_error_count"):
         assert f"{family}{label}" in text, family
     assert f"vllm:request_queue_time_seconds_count{label} 3.0" in text
