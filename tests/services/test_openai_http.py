@@ -174,3 +174,55 @@ def test_sdk_chat_and_stop_over_grpc_and_info_names_what_sim_ignores(stack: Stac
                                                              "seed"}
     with pytest.raises(ValueError, match="n: only n=1"):
         list(client.generate("x", n=2))
+
+
+def test_requests_dropped_under_overload_get_429(start_stack: Callable[..., Stack]) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sloserve.policies.ascendra import AscendraConfig
+
+    s = start_stack(policy="ascendra", http_port=free_port(),
+                    policy_config=AscendraConfig(drop_late=True))
+    body = {"prompt": [65] * 2000, "max_tokens": 2, "ttft_slo_ms": 1}  # late once queued
+
+    def post(_: int) -> httpx.Response:
+        return httpx.post(s.http + "/v1/completions", json=body, timeout=60)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(post, range(6)))
+    statuses = [r.status_code for r in answers]
+    assert 429 in statuses and set(statuses) <= {200, 429}, statuses
+    err = next(r for r in answers if r.status_code == 429).json()["error"]
+    assert err["type"] == "rate_limit_error" and err["code"] == "resource_exhausted"
+    text = httpx.get(s.http + "/metrics").text
+    assert f'sloserve:requests_dropped_total{{model_name="{MODEL}",reason=' in text
+
+
+def test_no_scheduler_connected_is_503_until_it_is_back(stack: Stack) -> None:
+    name = next(n for n in stack.services if n.startswith("scheduler"))
+    stack.kill(name)
+    deadline = time.monotonic() + 10
+    while httpx.get(stack.http + "/health").status_code != 503:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    r = httpx.post(stack.http + "/v1/completions", json={"prompt": "a", "max_tokens": 1})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "service_unavailable_error"
+    stack.restart(name)
+    deadline = time.monotonic() + 30
+    while httpx.get(stack.http + "/health").status_code != 200:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_grpc_request_id_from_metadata_is_used_and_echoed(stack: Stack) -> None:
+    import grpc
+
+    from sloserve.services.proto import gateway_grpc, gateway_pb2
+
+    with grpc.insecure_channel(stack.gateway) as ch:
+        call = gateway_grpc.GatewayStub(ch).Generate(
+            gateway_pb2.GenerateRequest(prompt="hi", max_tokens=2),
+            metadata=(("x-request-id", "from-metadata-1"),))
+        chunks = list(call)
+        assert dict(call.initial_metadata())["x-request-id"] == "from-metadata-1"
+    assert [c.request_id for c in chunks] == ["from-metadata-1"] * 2
