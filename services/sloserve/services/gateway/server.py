@@ -343,6 +343,8 @@ async def serve(args: argparse.Namespace) -> None:
     for name, value in defaults.items():
         if value is not None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
+    if args.http_port:  # refuse a taken HTTP port before serving anything
+        rpc.check_port_free(args.http_host or args.host, args.http_port)
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     server, _ = await rpc.start_server(
