@@ -50,5 +50,13 @@ def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
     assert (n == 12) if reason == "length" else (reason == "stop" and 1 <= n < 12)
     assert full.usage.total_tokens == full.usage.prompt_tokens + n
     assert full.usage.prompt_tokens > 20  # the template's system turn is there
+    cut = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12,
+                                         temperature=0, stop=["Paris"])
+    assert cut.choices[0].finish_reason == "stop"
+    assert cut.choices[0].message.content == first[:first.index("Paris")]
+    long = client.completions.create(model=MODEL, prompt="Hi.", max_tokens=40, temperature=0,
+                                     extra_body={"ignore_eos": True})
+    assert long.usage is not None and long.usage.completion_tokens == 40
+    assert long.choices[0].finish_reason == "length"
     bad = httpx.post(stack.http + "/v1/chat/completions", json={"messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
