@@ -320,7 +320,7 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
         shapes = Shapes(chat, f.spec.request_id, svc.model)
         headers = {"x-request-id": f.spec.request_id}
-        chunks = svc.tokens(f)
+        chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
         try:
             first = await anext(chunks)
         except GatewayError as exc:

@@ -225,15 +225,21 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if last:
                     return
         finally:
-            instance = self.ctl.location.get(rid)
-            self.flights.pop(rid, None)
-            if not sched_done:  # client went away, cancelled, or a stop string: free it
-                if instance is not None:
-                    self.links[instance].cancel(rid)
-                self.ctl.on_cancel(rid, time.time())
-            where = instance or f.instance_id
+            where = self.release(f, cancel=not sched_done)
             st = self.statuses.get(where)
             timeline.finish(self.log, spec, where, st.policy if st else "", reason)
+
+    def release(self, f: Flight, cancel: bool) -> str:
+        """Forget ``f``; ``cancel``: its instance still runs it (client gone, cancelled, a
+        stop string): free it there. Returns where it was."""
+        rid = f.spec.request_id
+        instance = self.ctl.location.get(rid)
+        self.flights.pop(rid, None)
+        if cancel:
+            if instance is not None:
+                self.links[instance].cancel(rid)
+            self.ctl.on_cancel(rid, time.time())
+        return instance or f.instance_id
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -247,7 +253,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
             f = await self.open(request, now)
         except GatewayError as exc:
             await context.abort(exc.code, exc.message)
-        await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
+        try:
+            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
+        except BaseException:  # the client is gone before its first token
+            self.release(f, cancel=True)
+            raise
         try:
             async with aclosing(self.tokens(f)) as chunks:
                 async for chunk in chunks:
