@@ -228,3 +228,36 @@ def test_grpc_request_id_from_metadata_is_used_and_echoed(stack: Stack) -> None:
         chunks = list(call)
         assert dict(call.initial_metadata())["x-request-id"] == "from-metadata-1"
     assert [c.request_id for c in chunks] == ["from-metadata-1"] * 2
+
+
+def test_closing_a_stream_early_frees_the_request(start_stack: Callable[..., Stack],
+                                                  tmp_path: Path) -> None:
+    stack = start_stack(http_port=free_port())  # real-time sim: 2000 tokens take ~25 s
+    body = {"prompt": "a", "max_tokens": 2000, "stream": True}
+    with httpx.stream("POST", stack.http + "/v1/completions", json=body,
+                      headers={"x-request-id": "gone-1"}) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data: ")
+    log = next(tmp_path.glob("logs*")) / "gateway.log"
+    deadline = time.monotonic() + 10
+    ended: dict[str, object] = {}
+    while not ended:
+        assert time.monotonic() < deadline, "no log line for the abandoned request"
+        for raw in log.read_text().splitlines():
+            rec = json.loads(raw) if raw.startswith("{") else {}
+            if rec.get("event") == "request" and rec.get("request_id") == "gone-1":
+                ended = rec
+        time.sleep(0.05)
+    assert ended["finish_reason"] == "abort"
+    out = ended["output_tokens"]
+    assert isinstance(out, int) and out < 2000
+    import grpc
+
+    from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+
+    sched = next(s for n, s in stack.services.items() if n.startswith("scheduler"))
+    with grpc.insecure_channel(sched.address) as ch:  # the scheduler freed it too
+        stub = scheduler_grpc.SchedulerStub(ch)
+        while (st := stub.Status(scheduler_pb2.StatusRequest())).num_running + st.num_waiting:
+            assert time.monotonic() < deadline, "still on the scheduler"
+            time.sleep(0.05)
