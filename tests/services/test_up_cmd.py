@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from sloserve.client import Client
 from sloserve.services.store import free_port
 
@@ -21,11 +23,12 @@ def _children(pid: int) -> list[int]:
 
 
 def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
-    port = free_port()
+    port, http_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     up = subprocess.Popen(
         [sys.executable, "-m", "sloserve.services.cli", "up", "--port", str(port),
-         "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+         "--http-port", str(http_port), "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=env)
     try:
         lines = []
         deadline = time.monotonic() + 60
@@ -38,6 +41,13 @@ def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
         assert "gateway ready" in lines[-1], lines
         chunks = list(Client(f"127.0.0.1:{port}").generate("hello", max_tokens=5))
         assert [c.index for c in chunks] == [0, 1, 2, 3, 4]
+        models = httpx.get(f"http://127.0.0.1:{http_port}/v1/models").json()  # OpenAI API on
+        assert [m["id"] for m in models["data"]] == ["llama-3-8b"]
+        scraped = [ln.split("metrics ")[1] for ln in lines if "/metrics" in ln and "metrics http"
+                   in ln]
+        assert len(scraped) == 4  # every service serves /metrics
+        for url in scraped:
+            assert "# TYPE" in httpx.get(url.strip()).text
         kids = _children(up.pid)
         assert len(kids) == 4  # perf-model, executor, scheduler, gateway
         up.send_signal(signal.SIGTERM)

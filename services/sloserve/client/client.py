@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -48,15 +48,26 @@ class GenerateOptions(TypedDict, total=False):
     seed: int
     ignore_eos: bool  # generate exactly max_tokens
     stop_token_ids: Sequence[int]
+    stop: str | Sequence[str]  # stop strings (not returned), matched at the gateway
+    messages: Sequence[Mapping[str, str]]  # a chat ({"role", "content"}) instead of a prompt
+    n: int  # 1 only (one output per request)
 
 
 def _request(prompt: str | None, opts: GenerateOptions) -> gateway_pb2.GenerateRequest:
+    if opts.get("n", 1) != 1:
+        raise ValueError(f"n: only n=1 is supported, got {opts.get('n')}")
+    stop = opts.get("stop", ())
     msg = gateway_pb2.GenerateRequest(
         max_tokens=opts.get("max_tokens", 16), priority=opts.get("priority", 0),
         request_id=opts.get("request_id") or "",
         sampling=sampling(opts.get("temperature"), opts.get("top_p"), opts.get("top_k"),
                           opts.get("seed"), opts.get("ignore_eos", False),
-                          opts.get("stop_token_ids", ())))
+                          opts.get("stop_token_ids", ()),
+                          [stop] if isinstance(stop, str) else stop))
+    for k, m in enumerate(opts.get("messages", ())):
+        if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise ValueError(f"messages[{k}]: needs a string role and content")
+        msg.messages.add(role=m["role"], content=m["content"])
     if prompt is not None:
         msg.prompt = prompt
     if "prompt_token_ids" in opts:
@@ -71,9 +82,11 @@ def _request(prompt: str | None, opts: GenerateOptions) -> gateway_pb2.GenerateR
 def sampling(
     temperature: float | None = None, top_p: float | None = None, top_k: int | None = None,
     seed: int | None = None, ignore_eos: bool = False, stop_token_ids: Sequence[int] = (),
+    stop: Sequence[str] = (),
 ) -> common_pb2.Sampling:
     """The wire form of vLLM-style sampling parameters (unset: vLLM's defaults)."""
-    msg = common_pb2.Sampling(ignore_eos=ignore_eos, stop_token_ids=list(stop_token_ids))
+    msg = common_pb2.Sampling(ignore_eos=ignore_eos, stop_token_ids=list(stop_token_ids),
+                              stop=list(stop))
     if temperature is not None:
         msg.temperature = temperature
     if top_p is not None:

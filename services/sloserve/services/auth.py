@@ -97,6 +97,11 @@ def _matches(credential: str | None, accepted: Sequence[bytes]) -> bool:
     return found
 
 
+def valid_key(credential: str, keys: Iterable[str]) -> bool:
+    """``credential`` is one of ``keys``, compared in constant time (the HTTP API's check)."""
+    return _matches(credential, [k.encode() for k in keys])
+
+
 def _ignore(_: bytes) -> None:
     return None
 

@@ -1,14 +1,31 @@
-"""Observability: structlog JSON lines on stderr, prometheus-client on an optional port."""
+"""Observability: structlog JSON lines on stderr, prometheus-client on an optional port.
+
+The log level is ``--log-level`` (every service) or ``$SLOSERVE_LOG_LEVEL``, default info.
+Metric families (vLLM's names, ``sloserve:`` for ours) live in
+:mod:`sloserve.services.metrics`.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import structlog
 
+LOG_LEVEL_ENV = "SLOSERVE_LOG_LEVEL"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
-def setup_logging(service: str, level: str = "info") -> structlog.stdlib.BoundLogger:
+
+def log_level(value: str | None = None) -> str:
+    """``value``, else ``$SLOSERVE_LOG_LEVEL``, else ``info`` (raises naming the bad one)."""
+    level = (value or os.environ.get(LOG_LEVEL_ENV) or "info").lower()
+    if level not in LOG_LEVELS:
+        raise ValueError(f"log level: must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
+    return level
+
+
+def setup_logging(service: str, level: str | None = None) -> structlog.stdlib.BoundLogger:
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
@@ -16,7 +33,7 @@ def setup_logging(service: str, level: str = "info") -> structlog.stdlib.BoundLo
             structlog.processors.JSONRenderer(),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
+            logging.getLevelNamesMapping()[log_level(level).upper()]
         ),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,

@@ -227,6 +227,8 @@ def service_parser(
     else:
         p.add_argument("--port", type=int, default=port)
     p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
+                   help="default $SLOSERVE_LOG_LEVEL, else info")
     if redis:
         p.add_argument("--redis-url", default=redis_url() or DEFAULT_REDIS_URL,
                        help="default $REDIS_URL (a password stays off the command line)")
@@ -241,6 +243,8 @@ def run_service(
 ) -> int:
     """Run ``serve``; a port in use ends it with one line naming the port (exit 2)."""
     args = parser.parse_args(argv)
+    if getattr(args, "log_level", None):
+        os.environ["SLOSERVE_LOG_LEVEL"] = args.log_level  # obs.setup_logging reads it
     try:
         asyncio.run(serve(args))
     except PortInUse as exc:

@@ -67,6 +67,9 @@ class StackConfig:
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
+    http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
+    metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
+    log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -87,6 +90,7 @@ class Service:
     address: str
     health: str  # gRPC service name to wait for
     proc: subprocess.Popen[bytes] | None = None
+    metrics: str = ""  # host:port of its /metrics, "" if none
 
 
 class Stack:
@@ -111,6 +115,11 @@ class Stack:
     @property
     def gateway(self) -> str:
         return self.services["gateway"].address
+
+    @property
+    def http(self) -> str:
+        """The OpenAI-compatible API's base URL ("" when off)."""
+        return f"http://{self.cfg.host}:{self.cfg.http_port}" if self.cfg.http_port else ""
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
         host = self.cfg.host if svc == "gateway" else INTERNAL_HOST
@@ -155,6 +164,8 @@ class Stack:
               "--clock", c.clock, *self._decision_log("gateway")]
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
+        if c.http_port:
+            gw += ["--http-port", str(c.http_port)]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{c.host}:{c.gateway_port}", "gateway")
 
@@ -165,7 +176,14 @@ class Stack:
     def _add(self, name: str, argv: list[str], address: str, health: str) -> None:
         from sloserve.services.proto import SERVICE_NAMES
 
-        self.services[name] = Service(name, argv, address, SERVICE_NAMES[health])
+        metrics = ""
+        if self.cfg.metrics:
+            port = free_port(self.cfg.host)
+            argv = [*argv, "--metrics-port", str(port)]
+            metrics = f"{self.cfg.host}:{port}"
+        if self.cfg.log_level:
+            argv = [*argv, "--log-level", self.cfg.log_level]
+        self.services[name] = Service(name, argv, address, SERVICE_NAMES[health], metrics=metrics)
 
     def start(self, timeout: float = 60.0) -> Stack:
         if self.cfg.backend == VLLM:  # importing vLLM, maybe preparing the model: minutes

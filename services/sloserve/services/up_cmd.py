@@ -44,6 +44,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="the gateway's address (the other services always bind 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--http-port", type=int, default=8000,
+                   help="the gateway's OpenAI-compatible HTTP API (0: off)")
+    p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
+                   help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
     p.add_argument("--ttft-slo", type=float, default=TTFT_SLO, help="gateway default, s")
@@ -77,6 +81,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
         api_key_file=args.api_key_file,
+        http_port=args.http_port, metrics=True, log_level=args.log_level,
     )
     cfg.validate()
     return cfg
@@ -113,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"redis      {_masked(stack.redis_url)}{' (embedded)' if stack.embedded else ''}"
               f"  prefix {stack.prefix}")
         for name, svc in stack.services.items():
-            print(f"{name:<16} {svc.address}")
+            print(f"{name:<16} {svc.address}  metrics http://{svc.metrics}/metrics")
+        if stack.http:
+            print(f"openai api       {stack.http}/v1  (and {stack.http}/metrics)")
         print(f"logs       {cfg.log_dir}")
         print(f"auth       API keys required ({len(keys)} configured)" if keys else
               f"auth       off: no API keys (${API_KEYS_ENV} or --api-key-file), "

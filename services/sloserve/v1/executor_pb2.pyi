@@ -222,6 +222,10 @@ class ExecutorDescription(_message.Message):
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     MAX_CONTEXT_FIELD_NUMBER: _builtins.int
     TOKENIZER_JSON_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
+    IGNORED_SAMPLING_FIELD_NUMBER: _builtins.int
+    BOS_TOKEN_FIELD_NUMBER: _builtins.int
+    EOS_TOKEN_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     hardware: _builtins.str
     backend: _builtins.str
@@ -231,6 +235,15 @@ class ExecutorDescription(_message.Message):
     max_context: _builtins.int
     tokenizer_json: _builtins.str
     """the model's tokenizer.json, empty: byte-level"""
+    chat_template: _builtins.str
+    """the model's Jinja chat template, empty: none"""
+    bos_token: _builtins.str
+    """for the chat template"""
+    eos_token: _builtins.str
+    @_builtins.property
+    def ignored_sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sampling fields this backend does not honour"""
+
     def __init__(
         self,
         *,
@@ -241,10 +254,14 @@ class ExecutorDescription(_message.Message):
         block_size: _builtins.int = ...,
         max_context: _builtins.int = ...,
         tokenizer_json: _builtins.str = ...,
+        chat_template: _builtins.str = ...,
+        ignored_sampling: _abc.Iterable[_builtins.str] | None = ...,
+        bos_token: _builtins.str = ...,
+        eos_token: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "hardware", b"hardware", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "bos_token", b"bos_token", "chat_template", b"chat_template", "eos_token", b"eos_token", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -32,6 +32,7 @@ class GenerateRequest(_message.Message):
     PRIORITY_FIELD_NUMBER: _builtins.int
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
+    MESSAGES_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     """text; or give prompt_token_ids instead"""
     max_tokens: _builtins.int
@@ -49,6 +50,12 @@ class GenerateRequest(_message.Message):
     def sampling(self) -> _common_pb2.Sampling:
         """unset: vLLM's defaults (temperature 1.0)"""
 
+    @_builtins.property
+    def messages(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.ChatMessage]:
+        """A chat instead of a prompt: rendered with the model's chat template (ChatML when
+        the model ships none), ending with the assistant's turn.
+        """
+
     def __init__(
         self,
         *,
@@ -61,10 +68,11 @@ class GenerateRequest(_message.Message):
         priority: _builtins.int = ...,
         request_id: _builtins.str = ...,
         sampling: _common_pb2.Sampling | None = ...,
+        messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015
@@ -200,6 +208,7 @@ class InstanceInfo(_message.Message):
     KV_CAPACITY_BLOCKS_FIELD_NUMBER: _builtins.int
     BLOCK_SIZE_FIELD_NUMBER: _builtins.int
     CONNECTED_FIELD_NUMBER: _builtins.int
+    IGNORED_SAMPLING_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     """"lp" | "hp" """
@@ -211,6 +220,13 @@ class InstanceInfo(_message.Message):
     kv_capacity_blocks: _builtins.int
     block_size: _builtins.int
     connected: _builtins.bool
+    @_builtins.property
+    def ignored_sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Sampling fields this instance's backend cannot honour (sim: temperature, top_p,
+        top_k, seed: its tokens are a function of the request id). Stop strings, stop ids,
+        max_tokens and ignore_eos hold on every backend.
+        """
+
     def __init__(
         self,
         *,
@@ -224,10 +240,11 @@ class InstanceInfo(_message.Message):
         kv_capacity_blocks: _builtins.int = ...,
         block_size: _builtins.int = ...,
         connected: _builtins.bool = ...,
+        ignored_sampling: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "block_size", b"block_size", "connected", b"connected", "hardware", b"hardware", "instance_id", b"instance_id", "kv_capacity_blocks", b"kv_capacity_blocks", "model", b"model", "policy", b"policy", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "block_size", b"block_size", "connected", b"connected", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "instance_id", b"instance_id", "kv_capacity_blocks", b"kv_capacity_blocks", "model", b"model", "policy", b"policy", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -241,9 +258,12 @@ class InfoResponse(_message.Message):
     POLICIES_FIELD_NUMBER: _builtins.int
     INSTANCES_FIELD_NUMBER: _builtins.int
     TOKENIZER_FIELD_NUMBER: _builtins.int
+    CHAT_TEMPLATE_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     tokenizer: _builtins.str
     """"byte" or "model" """
+    chat_template: _builtins.str
+    """"model" (the model's own) or "chatml" (the fallback)"""
     @_builtins.property
     def policies(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
     @_builtins.property
@@ -255,10 +275,11 @@ class InfoResponse(_message.Message):
         policies: _abc.Iterable[_builtins.str] | None = ...,
         instances: _abc.Iterable[Global___InstanceInfo] | None = ...,
         tokenizer: _builtins.str = ...,
+        chat_template: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instances", b"instances", "model", b"model", "policies", b"policies", "tokenizer", b"tokenizer"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["chat_template", b"chat_template", "instances", b"instances", "model", b"model", "policies", b"policies", "tokenizer", b"tokenizer"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

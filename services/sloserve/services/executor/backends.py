@@ -16,6 +16,10 @@ from typing import Protocol
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.services.proto import executor_pb2
 
+# The sim's tokens are a function of (request id, index): it has no distribution to
+# sample from, so these fields change nothing (it says so in Info). It has no EOS either:
+# it generates max_tokens unless a stop id or a stop string (the gateway's) ends it.
+SIM_IGNORES = ("temperature", "top_p", "top_k", "seed")
 PSEUDO_VOCAB = b"etaoinshrdlu etaoinsh cmfwypvbgkjqxz"  # letters by English frequency + spaces
 
 
@@ -88,25 +92,32 @@ class SimBackend:
             self.shape, get_hardware(gpu), block_size
         )
         self.time_scale = time_scale
+        self._stop_ids: dict[str, frozenset[int]] = {}
 
     def describe(self) -> executor_pb2.ExecutorDescription:
         return executor_pb2.ExecutorDescription(
             model=self.shape.name, hardware=self.gpu, backend="sim",
             kv_capacity_blocks=self.num_blocks, block_size=self.block_size,
-            max_context=self.shape.max_context,
+            max_context=self.shape.max_context, ignored_sampling=list(SIM_IGNORES),
         )
 
     def reset(self) -> None:
-        pass  # no per-sequence state: tokens are a function of (request id, index)
+        self._stop_ids.clear()  # tokens are a function of (request id, index): no other state
 
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
+        for rid in plan.freed:
+            self._stop_ids.pop(rid, None)
+        for seq in plan.added:
+            if seq.sampling.stop_token_ids:
+                self._stop_ids[seq.request_id] = frozenset(seq.sampling.stop_token_ids)
         tokens = {
             i.request_id: pseudo_token(i.request_id, i.token_index)
             for i in plan.items
             if i.samples_token
         }
+        stopped = {r for r, t in tokens.items() if t in self._stop_ids.get(r, ())}
         duration = self.timing.batch_time(plan_shape(plan)) * self.time_scale
-        return Step(tokens, duration_s=duration, realtime_wait=True)
+        return Step(tokens, stopped, duration_s=duration, realtime_wait=True)
 
     def warmup_samples(self) -> list[BatchSample]:
         from sloserve.perf.sweep import profile_sweep

@@ -47,10 +47,12 @@ class TorchBackend:
 
     def describe(self) -> executor_pb2.ExecutorDescription:
         shape = self.engine.config.shape
+        chat = self.engine.chat_template()
         return executor_pb2.ExecutorDescription(
             model=shape.name, hardware=self.gpu, backend="torch",
             kv_capacity_blocks=self.engine.num_blocks, block_size=self.engine.block_size,
             max_context=shape.max_context, tokenizer_json=self.engine.tokenizer_json(),
+            chat_template=chat.template, bos_token=chat.bos_token, eos_token=chat.eos_token,
         )
 
     def reset(self) -> None:

@@ -223,12 +223,16 @@ class VllmBackend:
         self._lock = threading.Lock()  # the warm-up sweep runs in a thread at startup
 
     def describe(self) -> executor_pb2.ExecutorDescription:
+        from sloserve.model.tokenizer import ChatTemplate
+
         tok = self.model_dir / "tokenizer.json"
+        chat = ChatTemplate.from_hf_config(self.model_dir / "tokenizer_config.json")
         return executor_pb2.ExecutorDescription(
             model=self.model, hardware=self.gpu, backend="vllm",
             kv_capacity_blocks=self.engine.num_blocks, block_size=self.engine.block_size,
             max_context=self.engine.runner.max_model_len,
             tokenizer_json=tok.read_text() if tok.is_file() else "",
+            chat_template=chat.template, bos_token=chat.bos_token, eos_token=chat.eos_token,
         )
 
     def reset(self) -> None:

@@ -17,7 +17,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import IO
 
@@ -27,10 +28,12 @@ from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
-from sloserve.services import auth, obs, rpc
+from sloserve.services import auth, metrics, obs, rpc
 from sloserve.services.convert import request_of
+from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
+from sloserve.services.gateway.outputs import StopStrings, Timeline
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
     InputLimits,
@@ -51,8 +54,17 @@ from sloserve.services.proto import (
 )
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
+REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
+
+
+class GatewayError(Exception):
+    """A request the gateway refuses or ends: the gRPC status and its message."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 @dataclass(slots=True)
@@ -77,6 +89,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.slo_defaults = slo_defaults
         self.decision_log = decision_log
         first = next(iter(statuses.values())).executor
+        self.model = first.model  # the served model name (metrics' model_name, /v1/models)
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
         self.limits = Limits(
             min(min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
@@ -92,6 +105,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         }
         self.watches = {iid: HealthWatch(iid, addr, self.on_health)
                         for iid, addr in addresses.items()}
+        metrics.OFFLOADS.labels(self.model)  # exported from the start, at 0
+        metrics.RUNNING.labels(self.model).set_function(
+            lambda: sum(1 for f in self.flights.values() if f.spec.generated_token_ids))
+        metrics.WAITING.labels(self.model).set_function(
+            lambda: sum(1 for f in self.flights.values() if not f.spec.generated_token_ids))
 
     # --- carrying out the controller's decisions ---------------------------------
     def _carry_out(self, actions: Iterable[Action], now: float,
@@ -111,6 +129,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 f.spec.num_offloads = f.req.num_offloads
                 self.links[action.instance_id].submit(f.spec)
                 if action.cause not in ("route", "ticket"):
+                    metrics.OFFLOADS.labels(self.model).inc()
                     self.log.info(action.cause, request=action.request_id,
                                   dst=action.instance_id)
             else:
@@ -167,60 +186,118 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 self.links[instance_id].cancel(a.request_id)
         self._carry_out(actions, now)
 
-    async def Generate(
-        self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
-        now = self._arrival_time(context)
+    # --- the request path (gRPC ``Generate`` and the OpenAI HTTP API share it) ----------
+    async def open(self, request: gateway_pb2.GenerateRequest, now: float,
+                   fill_context: bool = False, owner: str = "") -> Flight:
+        """Validate, tokenize and admit ``request`` (raises :class:`GatewayError`).
+        ``fill_context``: max_tokens is what the context leaves (vLLM's chat default);
+        ``owner``: the API key's id that may cancel it ("" with auth off)."""
         try:
+            if fill_context:
+                request.max_tokens = 1
             check_request(request, self.limits)  # before any work, in time independent of size
-            ids = await self._prompt_ids(request)
+            prompt = request.prompt
+            if request.messages:
+                first = next(iter(self.statuses.values())).executor
+                prompt = render([(m.role, m.content) for m in request.messages],
+                                first.chat_template, first.bos_token, first.eos_token)
+            ids = await self._prompt_ids(request, prompt)
+            if fill_context:
+                request.max_tokens = max(1, self.limits.max_tokens_total - len(ids))
             spec = request_spec(request, ids, self.limits, self.slo_defaults, now)
-            if spec.request_id in self.flights:
-                await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                    f"request_id: {spec.request_id!r} is already in flight")
         except InvalidInput as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        rid = spec.request_id
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=self._owner(context))
-        self.flights[rid] = f
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        if spec.request_id in self.flights:
+            raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"request_id: {spec.request_id!r} is already in flight")
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner)
+        self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
             spec.origin_instance = action.instance_id
         self._carry_out([action], now)
+        return f
+
+    async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
+        """``f``'s chunks as its tokens arrive; a drop or cancel raises :class:`GatewayError`.
+        Closing the iterator early cancels the request everywhere."""
+        spec, rid = f.spec, f.spec.request_id
         detok = self.tokenizer.detokenizer()
-        done = False
+        stops = StopStrings(spec.sampling.stop)
+        timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids))
+        reason, sched_done = "abort", False
         try:
-            while not done:
+            while True:
                 ev = await f.events.get()
                 if ev is None:
-                    await context.abort(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
+                    reason = "cancelled"
+                    raise GatewayError(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
                 if isinstance(ev, Drop):
-                    done = True
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                        f"request {rid}: {ev.reason}")
-                assert ev is not None and not isinstance(ev, Drop)
-                done = ev.finished
+                    reason, sched_done = "dropped", True
+                    metrics.DROPS.labels(self.model, ev.reason).inc()
+                    raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                       f"request {rid}: {ev.reason}")
+                sched_done = ev.finished
+                text, hit = stops.push(detok.push(ev.token_id), ev.finished)
+                last = ev.finished or hit
+                if last:
+                    reason = "stop" if hit else _finish_reason(ev, spec.max_tokens)
+                t = time.time()
+                timeline.token(t)
                 yield gateway_pb2.GenerateChunk(
-                    request_id=rid, index=ev.index, token_id=ev.token_id,
-                    text=detok.push(ev.token_id), time=time.time(), arrival_time=now,
-                    finish_reason=_finish_reason(ev, spec.max_tokens) if done else "",
+                    request_id=rid, index=ev.index, token_id=ev.token_id, text=text, time=t,
+                    arrival_time=spec.arrival_time, finish_reason=reason if last else "",
                     instance_id=f.instance_id, num_offloads=spec.num_offloads,
                     produced_time=ev.time,
                 )
+                if last:
+                    return
         finally:
-            instance = self.ctl.location.get(rid)
-            self.flights.pop(rid, None)
-            if not done:  # client went away or cancelled: free it everywhere
-                if instance is not None:
-                    self.links[instance].cancel(rid)
-                self.ctl.on_cancel(rid, time.time())
+            where = self.release(f, cancel=not sched_done)
+            st = self.statuses.get(where)
+            timeline.finish(self.log, spec, where, st.policy if st else "", reason)
 
-    async def _prompt_ids(self, request: gateway_pb2.GenerateRequest) -> list[int]:
+    def release(self, f: Flight, cancel: bool) -> str:
+        """Forget ``f``; ``cancel``: its instance still runs it (client gone, cancelled, a
+        stop string): free it there. Returns where it was."""
+        rid = f.spec.request_id
+        instance = self.ctl.location.get(rid)
+        self.flights.pop(rid, None)
+        if cancel:
+            if instance is not None:
+                self.links[instance].cancel(rid)
+            self.ctl.on_cancel(rid, time.time())
+        return instance or f.instance_id
+
+    async def Generate(
+        self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
+        now = self._arrival_time(context)
+        if not request.request_id:  # a caller's id from the metadata (x-request-id)
+            for key, value in context.invocation_metadata() or ():
+                if key == REQUEST_ID_METADATA and isinstance(value, str):
+                    request.request_id = value
+        try:
+            f = await self.open(request, now, owner=self._owner(context))
+        except GatewayError as exc:
+            await context.abort(exc.code, exc.message)
+        try:
+            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
+        except BaseException:  # the client is gone before its first token
+            self.release(f, cancel=True)
+            raise
+        try:
+            async with aclosing(self.tokens(f)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except GatewayError as exc:
+            await context.abort(exc.code, exc.message)
+
+    async def _prompt_ids(self, request: gateway_pb2.GenerateRequest, prompt: str) -> list[int]:
         """The prompt's token ids; a large text prompt is tokenized off the event loop,
         and only if its byte length allows it to fit the model's limit."""
         if request.prompt_token_ids:
             return list(request.prompt_token_ids)
-        prompt = request.prompt
         n_bytes = len(prompt.encode()) if len(prompt) > INLINE_TOKENIZE_CHARS else len(prompt)
         at_least = -(-n_bytes // self.tokenizer.max_token_bytes)
         if at_least > self.limits.max_tokens_total:
@@ -266,10 +343,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 instance_id=iid, role=st.role, policy=st.policy, address=self.addresses[iid],
                 model=e.model, hardware=e.hardware, backend=e.backend,
                 kv_capacity_blocks=e.kv_capacity_blocks, block_size=e.block_size,
-                connected=self.links[iid].connected))
+                connected=self.links[iid].connected,
+                ignored_sampling=list(e.ignored_sampling)))
+        first = next(iter(self.statuses.values())).executor
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
-            instances=instances, tokenizer=self.tokenizer.name)
+            instances=instances, tokenizer=self.tokenizer.name,
+            chat_template="model" if first.chat_template else "chatml")
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
@@ -312,6 +392,8 @@ async def serve(args: argparse.Namespace) -> None:
     for name, value in defaults.items():
         if value is not None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
+    if args.http_port:  # refuse a taken HTTP port before serving anything
+        rpc.check_port_free(args.http_host or args.host, args.http_port)
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
@@ -330,7 +412,12 @@ async def serve(args: argparse.Namespace) -> None:
     else:
         svc.log.warning("auth_off", reason=f"no API keys (${auth.API_KEYS_ENV} or "
                         "--api-key-file): every client is served")
-    svc.log.info("serving", port=args.port, instances=list(addresses))
+    if args.http_port:
+        from sloserve.services.gateway.openai_http import build_app, serve_http
+
+        tasks.append(asyncio.create_task(
+            serve_http(build_app(svc, keys), args.http_host or args.host, args.http_port)))
+    svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks)
 
 
@@ -346,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None,
                    help=f"API keys, one per line (also ${auth.API_KEYS_ENV}); none: auth off")
     InputLimits.add_flags(p)
+    p.add_argument("--http-port", type=int, default=0,
+                   help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
+    p.add_argument("--http-host", default=None, help="default: --host")
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help=f"virtual: arrival times come from the {ARRIVAL_METADATA} metadata "
                         "(a protocol test's conductor)")

@@ -22,6 +22,8 @@ class InvalidInput(ValueError):
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+MAX_STOP_STRINGS = 16
+MAX_STOP_CHARS = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +74,16 @@ def check_request(r: gateway_pb2.GenerateRequest, limits: Limits) -> None:
         raise InvalidInput("request_id: only letters, digits and . _ : - are allowed")
     if r.prompt and r.prompt_token_ids:
         raise InvalidInput("prompt: give either prompt or prompt_token_ids, not both")
+    if r.messages and (r.prompt or r.prompt_token_ids):
+        raise InvalidInput("messages: give either messages or a prompt, not both")
+    n_chars = sum(len(m.content) + len(m.role) for m in r.messages)
+    if n_chars > lim.max_prompt_bytes or (
+            r.messages and sum(len(m.content.encode()) for m in r.messages) > lim.max_prompt_bytes):
+        raise InvalidInput(f"messages: over {lim.max_prompt_bytes} bytes")
+    stops = r.sampling.stop
+    if len(stops) > MAX_STOP_STRINGS or any(not 0 < len(x) <= MAX_STOP_CHARS for x in stops):
+        raise InvalidInput(f"sampling.stop: at most {MAX_STOP_STRINGS} strings of 1 to "
+                           f"{MAX_STOP_CHARS} characters")
     prompt = r.prompt  # one copy out of the message
     if len(prompt) > lim.max_prompt_bytes:  # characters <= UTF-8 bytes: no encoding needed
         raise InvalidInput(f"prompt: over {lim.max_prompt_bytes} bytes")

@@ -30,6 +30,7 @@ from sloserve.controller import DROP_BY_POLICY
 from sloserve.decisions import plan_record
 from sloserve.instance import TokenEvent
 from sloserve.request import Request
+from sloserve.services import metrics
 from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
 from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
 from sloserve.services.scheduler.server import SchedulerService
@@ -51,7 +52,8 @@ def _decide(
         return None, svc.output()
     t0 = time.perf_counter()
     plan, offloaded, dropped = svc.instance.schedule(now)
-    svc.schedule_time.append(time.perf_counter() - t0)  # the decision alone
+    svc.schedule_time.append(took := time.perf_counter() - t0)  # the decision alone
+    metrics.DECISION_TIME.labels(svc.executor.model).observe(took)
     out = svc.output()
     _taken(svc, offloaded, dropped, out)
     if not plan.items:
@@ -144,6 +146,11 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    model = svc.executor.model
+    v_wait, v_run = metrics.WAITING.labels(model), metrics.RUNNING.labels(model)
+    v_kv, v_pre = metrics.KV_USAGE.labels(model), metrics.PREEMPTIONS.labels(model)
+    v_queue, v_err = metrics.REQUEST_QUEUE_TIME.labels(model), metrics.PERF_ERROR.labels(model)
+    preemptions = inst.num_preemptions
     prev_recv: float | None = None  # end of the previous busy iteration
     report: Report | None = None
     try:
@@ -177,6 +184,10 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 svc.send(out)  # decided with this plan
             _flush(svc, report)  # the previous batch's tokens, off the critical path
             report = None
+            for item in plan.items:  # first scheduled by this plan: its queue time is known
+                r = inst.requests[item.request_id]
+                if r.first_scheduled_time == now:
+                    v_queue.observe(max(0.0, now - r.arrival_time))
             res = await _read(call, svc.hang.deadline(predicted), predicted)
             svc.hang.observe(predicted, res.duration_s)
             t_recv = time.perf_counter()
@@ -190,6 +201,13 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             m_iter.observe(res.duration_s)
             m_wait.set(len(inst.waiting))
             m_run.set(len(inst.running))
+            v_wait.set(len(inst.waiting))
+            v_run.set(len(inst.running))
+            v_kv.set(inst.kv.num_used_blocks / inst.kv.num_blocks)
+            v_pre.inc(inst.num_preemptions - preemptions)
+            preemptions = inst.num_preemptions
+            if res.duration_s > 0:
+                v_err.observe(abs(predicted - res.duration_s) / res.duration_s)
             if prev_recv is not None:
                 over = t_recv - prev_recv - res.duration_s
                 svc.overhead.append(over)

@@ -1,0 +1,399 @@
+"""OpenAI-compatible HTTP API on the gateway (vLLM's port 8000), a thin shell over the
+same request path as gRPC ``Generate`` (:meth:`GatewayService.open` / ``tokens``):
+one process, one event loop, one controller and one stream per scheduler.
+
+``POST /v1/completions``, ``POST /v1/chat/completions`` (SSE in OpenAI's chunk shapes
+ending ``data: [DONE]``, ``stream_options.include_usage``; ``usage`` on every
+non-streamed answer), ``GET /v1/models``, ``/health``, ``/metrics``. Errors are
+OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``: 400 bad input,
+401 missing/wrong API key, 404 unknown model, 429 dropped under overload, 503 no
+scheduler connected. Sampling as vLLM's OpenAI server takes it (``temperature``,
+``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
+``max_tokens``/``max_completion_tokens``, ``n`` = 1). SLOs and priority: body fields
+``ttft_slo_ms``, ``tbt_slo_ms``, ``jct_slo_ms``, ``priority``, or llm-d's headers
+``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms`` (the body wins).
+
+A streamed request waits for its first token before answering, so a request dropped
+before it gets a 429 status, not a broken stream; a drop after it ends the stream with
+an error event, then ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from typing import Any
+
+import grpc
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from sloserve.services import auth
+from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
+from sloserve.services.proto import common_pb2, gateway_pb2
+
+STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
+    grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
+    grpc.StatusCode.ALREADY_EXISTS: (400, "invalid_request_error"),
+    grpc.StatusCode.UNAUTHENTICATED: (401, "authentication_error"),
+    grpc.StatusCode.NOT_FOUND: (404, "not_found_error"),
+    grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
+    grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
+    grpc.StatusCode.CANCELLED: (499, "cancelled"),
+}
+# OpenAI fields we do not implement: a value other than these is a 400
+UNSUPPORTED: dict[str, tuple[object, ...]] = {
+    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
+    "best_of": (None, 1), "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "suffix": (None, ""),
+    "tools": (None, []), "response_format": (None, {"type": "text"}),
+}
+COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
+
+
+class BadRequest(GatewayError):
+    def __init__(self, message: str, code: grpc.StatusCode = grpc.StatusCode.INVALID_ARGUMENT,
+                 error_code: str | None = None) -> None:
+        super().__init__(code, message)
+        self.error_code = error_code
+
+
+def error_response(exc: GatewayError) -> JSONResponse:
+    status, kind = STATUS.get(exc.code, (500, "internal_error"))
+    return JSONResponse(error_body(exc), status_code=status)
+
+
+def error_body(exc: GatewayError) -> dict[str, Any]:
+    _, kind = STATUS.get(exc.code, (500, "internal_error"))
+    field, sep, _ = exc.message.partition(":")
+    param = field if sep and field.replace("_", "").replace(".", "").replace("[", "").replace(
+        "]", "").isalnum() and " " not in field else None
+    code = getattr(exc, "error_code", None) or exc.code.name.lower()
+    return {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
+
+
+# --- request body -> GenerateRequest ---------------------------------------------------
+def _num(body: dict[str, Any], name: str, kind: type, lo: float | None = None,
+         hi: float | None = None) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        ok = ok and float(value).is_integer()
+    if not ok or (isinstance(value, float) and not math.isfinite(value)):
+        raise BadRequest(f"{name}: must be {'an integer' if kind is int else 'a number'}, "
+                         f"got {value!r}")
+    if lo is not None and value < lo:
+        raise BadRequest(f"{name}: must be >= {lo}, got {value}")
+    if hi is not None and value > hi:
+        raise BadRequest(f"{name}: must be <= {hi}, got {value}")
+    return kind(value)
+
+
+def _slo_ms(body: dict[str, Any], headers: Any, name: str, header: str | None) -> float | None:
+    ms = _num(body, name, float, 0)
+    if ms is None and header is not None and header in headers:
+        try:
+            ms = float(headers[header])
+        except ValueError:
+            raise BadRequest(f"{header}: must be a number of milliseconds, "
+                             f"got {headers[header]!r}") from None
+    return None if ms is None else ms / 1000.0
+
+
+def _stop(body: dict[str, Any]) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    if isinstance(stop, str):
+        return [stop]
+    if isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+        return list(stop)
+    raise BadRequest("stop: must be a string or a list of strings")
+
+
+def _sampling(body: dict[str, Any]) -> common_pb2.Sampling:
+    s = common_pb2.Sampling(stop=_stop(body))
+    if (t := _num(body, "temperature", float, 0, 2)) is not None:
+        s.temperature = t
+    if (p := _num(body, "top_p", float)) is not None:
+        s.top_p = p
+    if (k := _num(body, "top_k", int, -1)) is not None:
+        s.top_k = max(k, 0)  # vLLM: -1 (or 0) disables
+    if (seed := _num(body, "seed", int)) is not None:
+        s.seed = seed
+    ignore_eos = body.get("ignore_eos", False)
+    if not isinstance(ignore_eos, bool):
+        raise BadRequest(f"ignore_eos: must be true or false, got {ignore_eos!r}")
+    s.ignore_eos = ignore_eos
+    ids = body.get("stop_token_ids") or []
+    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
+                                          for i in ids)):
+        raise BadRequest("stop_token_ids: must be a list of token ids")
+    s.stop_token_ids.extend(ids)
+    return s
+
+
+def generate_request(body: Any, headers: Any, chat: bool,
+                     served: str) -> tuple[gateway_pb2.GenerateRequest, bool]:
+    """The gateway request of an OpenAI body, and whether max_tokens was left to fill
+    the context (chat without max_tokens, as vLLM)."""
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object")
+    model = body.get("model")
+    if model is not None and model != served:
+        raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
+                         grpc.StatusCode.NOT_FOUND, "model_not_found")
+    n = _num(body, "n", int)
+    if n is not None and n != 1:
+        raise BadRequest(f"n: only n=1 is supported, got {n}")
+    for name, allowed in UNSUPPORTED.items():
+        if name in body and body[name] not in allowed:
+            raise BadRequest(f"{name}: not supported by sloserve")
+    req = gateway_pb2.GenerateRequest(sampling=_sampling(body))
+    if chat:
+        _messages(body, req)
+    else:
+        _prompt(body, req)
+    max_tokens = _num(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
+                      else "max_tokens", int, 1)
+    fill = max_tokens is None and chat
+    req.max_tokens = max_tokens or COMPLETIONS_MAX_TOKENS
+    for field, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
+                          ("jct_slo", None)):
+        value = _slo_ms(body, headers, f"{field}_ms", header)
+        if value is not None:
+            setattr(req, field, value)
+    if (prio := _num(body, "priority", int)) is not None:
+        req.priority = prio
+    rid = headers.get("x-request-id")
+    if rid:
+        req.request_id = rid
+    return req, fill
+
+
+def _prompt(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        req.prompt = prompt
+    elif isinstance(prompt, list) and prompt and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        req.prompt_token_ids.extend(prompt)
+    elif isinstance(prompt, list) and len(prompt) > 1:
+        raise BadRequest("prompt: batched prompts are not supported; send one per request")
+    else:
+        raise BadRequest("prompt: must be a string or a list of token ids")
+
+
+def _messages(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("messages: must be a non-empty list of {role, content} objects")
+    for k, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise BadRequest(f"messages[{k}]: must be an object with a role")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if isinstance(content, list):  # content parts: text only
+            texts = []
+            for part in content:
+                if not (isinstance(part, dict) and part.get("type") == "text"
+                        and isinstance(part.get("text"), str)):
+                    raise BadRequest(f"messages[{k}].content: only text parts are supported")
+                texts.append(part["text"])
+            content = "".join(texts)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{k}].content: must be a string or text parts")
+        req.messages.add(role=m["role"], content=content)
+
+
+# --- responses ---------------------------------------------------------------------------
+def _usage(f: Flight, n: int) -> dict[str, int]:
+    p = len(f.spec.prompt_token_ids)
+    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+
+
+class Shapes:
+    """OpenAI's object shapes for one request (completion or chat)."""
+
+    def __init__(self, chat: bool, rid: str, model: str) -> None:
+        self.chat, self.model, self.created = chat, model, int(time.time())
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
+        self.object = "chat.completion" if chat else "text_completion"
+
+    def _base(self, obj: str) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
+
+    def full(self, text: str, finish: str | None, usage: dict[str, int]) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if self.chat:
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        return {**self._base(self.object), "choices": [choice], "usage": usage}
+
+    def chunk(self, text: str | None, finish: str | None, with_usage: bool,
+              role: bool = False) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            choice["delta"] = delta
+        else:
+            choice["text"] = text or ""
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        out = {**self._base(obj), "choices": [choice]}
+        if with_usage:
+            out["usage"] = None
+        return out
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {**self._base(obj), "choices": [], "usage": usage}
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+
+
+# --- the app ----------------------------------------------------------------------------
+def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> FastAPI:
+    app = FastAPI(title="sloserve", docs_url=None, redoc_url=None, openapi_url=None)
+
+    def authorized(request: Request) -> bool:
+        if not api_keys:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and auth.valid_key(token.strip(), api_keys)
+
+    @app.middleware("http")
+    async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        if request.url.path.startswith("/v1/") and not authorized(request):
+            return error_response(BadRequest(
+                "authorization: a valid API key is required (Authorization: Bearer <key>)",
+                grpc.StatusCode.UNAUTHENTICATED, "invalid_api_key"))
+        response: Response = await call_next(request)
+        return response
+
+    @app.get("/health")
+    async def health() -> Response:
+        if any(link.connected for link in svc.links.values()):
+            return Response(status_code=200)
+        return error_response(BadRequest("no scheduler connected",
+                                         grpc.StatusCode.UNAVAILABLE))
+
+    @app.get("/metrics")
+    async def metrics_endpoint() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": svc.model, "object": "model", "created": int(time.time()),
+            "owned_by": "sloserve", "root": svc.model, "parent": None,
+            "max_model_len": svc.limits.max_tokens_total}]}
+
+    async def serve(request: Request, chat: bool) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            return error_response(BadRequest(f"body: not valid JSON ({exc})"))
+        try:
+            req, fill = generate_request(body, request.headers, chat, svc.model)
+            if not any(link.connected for link in svc.links.values()):
+                raise BadRequest("no scheduler connected; retry later",
+                                 grpc.StatusCode.UNAVAILABLE)
+            _, _, key = request.headers.get("authorization", "").partition(" ")
+            owner = auth.key_id(key.strip()) if api_keys else ""
+            f = await svc.open(req, time.time(), fill_context=fill, owner=owner)
+        except GatewayError as exc:
+            return error_response(exc)
+        stream = body.get("stream") is True
+        opts = body.get("stream_options") or {}
+        usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
+        shapes = Shapes(chat, f.spec.request_id, svc.model)
+        headers = {"x-request-id": f.spec.request_id}
+        chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
+        try:
+            first = await anext(chunks)
+        except GatewayError as exc:
+            await chunks.aclose()
+            return error_response(exc)
+        except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
+            return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
+        if not stream:
+            texts, n, finish = [first.text], 1, first.finish_reason
+            try:
+                async with aclosing(chunks):
+                    async for c in chunks:
+                        texts.append(c.text)
+                        n, finish = n + 1, c.finish_reason
+            except GatewayError as exc:
+                return error_response(exc)
+            return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
+                                headers=headers)
+        return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
+                                 media_type="text/event-stream", headers=headers)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await serve(request, chat=True)
+
+    return app
+
+
+async def _events(shapes: Shapes, f: Flight, first: gateway_pb2.GenerateChunk,
+                  chunks: AsyncGenerator[gateway_pb2.GenerateChunk, None],
+                  usage_too: bool) -> AsyncIterator[bytes]:
+    n = 0
+    async with aclosing(chunks):
+        if shapes.chat:
+            yield _sse(shapes.chunk("", None, usage_too, role=True))
+        try:
+            c: gateway_pb2.GenerateChunk | None = first
+            while c is not None:
+                n += 1
+                finish = c.finish_reason or None
+                if c.text or finish:
+                    yield _sse(shapes.chunk(c.text, finish, usage_too))
+                c = None if finish else await anext(chunks, None)
+        except GatewayError as exc:
+            yield _sse(error_body(exc))
+        if usage_too:
+            yield _sse(shapes.usage_chunk(_usage(f, n)))
+        yield b"data: [DONE]\n\n"
+
+
+class _Server(uvicorn.Server):
+    """uvicorn in the gateway's loop: the gateway's own handlers own SIGINT/SIGTERM."""
+
+    def capture_signals(self) -> Any:
+        from contextlib import nullcontext
+
+        return nullcontext()
+
+
+async def serve_http(app: FastAPI, host: str, port: int) -> None:
+    """Serve ``app`` until cancelled (raises ``PortInUse`` when the port is taken)."""
+    from sloserve.services.rpc import check_port_free
+
+    check_port_free(host, port)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                            lifespan="off", timeout_graceful_shutdown=2)
+    server = _Server(config)
+    await server.serve()
+

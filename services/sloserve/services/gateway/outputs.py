@@ -1,0 +1,109 @@
+"""What the gateway does with a request's output: stop strings, metrics, its log line.
+
+Stop strings (vLLM's ``SamplingParams.stop``) are matched on the detokenized text
+here, for every backend: the output ends before the first match (the string itself
+is not returned, vLLM's default) with ``finish_reason`` ``stop``. While streaming,
+the last ``max(len(stop)) - 1`` characters are held back until they cannot begin a
+match, as vLLM does, so no client ever sees part of a stop string.
+
+At its end each request gives one structured log line and its metrics
+(:mod:`sloserve.services.metrics`): TTFT, mean TBT, E2E and SLO met are judged as
+``sloserve.metrics.summarize`` judges them (TTFT <= its SLO, mean TBT <= its SLO,
+JCT <= its SLO; a one-token request passes TBT).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+
+from sloserve.services import metrics
+from sloserve.services.proto import common_pb2
+
+
+class StopStrings:
+    """Incremental stop-string matching with hold-back."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.pending = ""
+
+    def push(self, text: str, last: bool) -> tuple[str, bool]:
+        """The text to emit now and whether a stop string was hit (then nothing follows)."""
+        self.pending += text
+        hits = [i for s in self.stops if (i := self.pending.find(s)) >= 0]
+        if hits:
+            out, self.pending = self.pending[:min(hits)], ""
+            return out, True
+        if last or self.hold == 0:
+            out, self.pending = self.pending, ""
+            return out, False
+        cut = max(0, len(self.pending) - self.hold)
+        out, self.pending = self.pending[:cut], self.pending[cut:]
+        return out, False
+
+
+@dataclass(slots=True)
+class Timeline:
+    """One request's timing at the gateway, fed as its tokens leave."""
+
+    model: str
+    arrival: float
+    prompt_tokens: int
+    token_times: list[float] = field(default_factory=list)
+
+    def token(self, t: float) -> None:
+        m = self.model
+        if self.token_times:
+            metrics.ITL.labels(m).observe(t - self.token_times[-1])
+        else:
+            metrics.TTFT.labels(m).observe(t - self.arrival)
+            metrics.PROMPT_TOKENS.labels(m).inc(self.prompt_tokens)
+        self.token_times.append(t)
+        metrics.GENERATION_TOKENS.labels(m).inc()
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.arrival if self.token_times else None
+
+    @property
+    def mean_tbt(self) -> float | None:
+        n = len(self.token_times)
+        return (self.token_times[-1] - self.token_times[0]) / (n - 1) if n > 1 else None
+
+    def slo_met(self, spec: common_pb2.RequestSpec) -> bool:
+        ttft, tbt = self.ttft, self.mean_tbt
+        if ttft is None:
+            return False
+        if spec.HasField("ttft_slo") and ttft > spec.ttft_slo:
+            return False
+        if spec.HasField("tbt_slo") and tbt is not None and tbt > spec.tbt_slo:
+            return False
+        return not (spec.HasField("jct_slo")
+                    and self.token_times[-1] - self.arrival > spec.jct_slo)
+
+    def finish(self, log: structlog.stdlib.BoundLogger, spec: common_pb2.RequestSpec,
+               instance: str, policy: str, finish_reason: str) -> None:
+        """Metrics and the one log line of a request that ended (any way)."""
+        m, n = self.model, len(self.token_times)
+        met = finish_reason in ("stop", "length") and self.slo_met(spec)
+        if finish_reason in ("stop", "length"):
+            metrics.E2E.labels(m).observe(self.token_times[-1] - self.arrival)
+            metrics.REQUEST_SUCCESS.labels(m, finish_reason).inc()
+            metrics.SLO_REQUESTS.labels(m, str(met).lower()).inc()
+            if met:
+                metrics.GOODPUT_TOKENS.labels(m).inc(n)
+        log.info("request", request_id=spec.request_id, instance=instance, policy=policy,
+                 prompt_tokens=self.prompt_tokens, output_tokens=n,
+                 ttft_s=_r(self.ttft), mean_tbt_s=_r(self.mean_tbt), slo_met=met,
+                 finish_reason=finish_reason, num_offloads=spec.num_offloads,
+                 ttft_slo_s=spec.ttft_slo if spec.HasField("ttft_slo") else None,
+                 tbt_slo_s=spec.tbt_slo if spec.HasField("tbt_slo") else None,
+                 priority=spec.priority)
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)

@@ -1,0 +1,55 @@
+"""Prometheus families with vLLM's names (``vllm:...``, label ``model_name``) so existing
+vLLM dashboards and llm-d's endpoint picker read a sloserve stack unchanged, plus
+``sloserve:`` families for what vLLM has no name for (SLO attainment, goodput,
+offloads, drops, policy decision time, perf-model error).
+
+Which process exports what: the gateway the request-level families (TTFT, ITL, E2E,
+token counters, running/waiting as the gateway sees them, SLO attainment, goodput,
+offloads, drops); each scheduler its instance's running/waiting, KV usage,
+preemptions, queue time, policy decision time and perf-model error.
+Buckets are vLLM's (``vllm/v1/metrics/loggers.py``).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+M = ["model_name"]
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+# --- vLLM's names -------------------------------------------------------------------------
+TTFT = Histogram("vllm:time_to_first_token_seconds", "Time to first token (gateway arrival "
+                 "to the token leaving the gateway)", M, buckets=TTFT_BUCKETS)
+ITL = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens",
+                M, buckets=ITL_BUCKETS)
+E2E = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token", M,
+                buckets=LATENCY_BUCKETS)
+REQUEST_QUEUE_TIME = Histogram("vllm:request_queue_time_seconds",
+                       "Time a request waited on its instance before its first scheduling",
+                       M, buckets=LATENCY_BUCKETS)
+RUNNING = Gauge("vllm:num_requests_running", "Requests being generated", M)
+WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting for their first scheduling", M)
+KV_USAGE = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", M)
+PREEMPTIONS = Counter("vllm:num_preemptions", "Recompute preemptions", M)
+PROMPT_TOKENS = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests", M)
+GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens", M)
+REQUEST_SUCCESS = Counter("vllm:request_success", "Finished requests", M + ["finished_reason"])
+
+# --- sloserve's own ------------------------------------------------------------------------
+SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO outcome "
+                       "(attainment = met / all)", M + ["slo_met"])
+GOODPUT_TOKENS = Counter("sloserve:goodput_tokens", "Output tokens of requests that met "
+                         "every SLO (rate(): goodput)", M)
+OFFLOADS = Counter("sloserve:offloads", "Requests moved to another instance", M)
+DROPS = Counter("sloserve:requests_dropped", "Requests dropped under overload", M + ["reason"])
+DECISION_TIME = Histogram(
+    "sloserve:policy_decision_seconds", "The policy's scheduling decision (Instance.schedule)",
+    M, buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2))
+PERF_ERROR = Histogram(
+    "sloserve:perf_model_relative_error", "|predicted - measured| / measured batch time",
+    M, buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
