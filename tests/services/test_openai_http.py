@@ -258,6 +258,8 @@ def test_closing_a_stream_early_frees_the_request(start_stack: Callable[..., Sta
     sched = next(s for n, s in stack.services.items() if n.startswith("scheduler"))
     with grpc.insecure_channel(sched.address) as ch:  # the scheduler freed it too
         stub = scheduler_grpc.SchedulerStub(ch)
-        while (st := stub.Status(scheduler_pb2.StatusRequest())).num_running + st.num_waiting:
+        md = stack.internal_metadata
+        while (st := stub.Status(scheduler_pb2.StatusRequest(), metadata=md)).num_running \
+                + st.num_waiting:
             assert time.monotonic() < deadline, "still on the scheduler"
             time.sleep(0.05)
