@@ -42,6 +42,7 @@ class SimConfig:
     # automatic prefix caching (vLLM V1's default); shares only between requests that carry a
     # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
     prefix_caching: bool = True
+    prefix_routing: bool = False  # route by cached prefix within a load bound (routing_prefix)
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)

@@ -18,7 +18,7 @@ from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
-from sloserve.kv_prefix import PrefixCachingBlockManager, prefix_stats
+from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
 from sloserve.perf.base import TimingSource
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import ModelShape, get_model
@@ -26,6 +26,7 @@ from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
 from sloserve.policies import get_spec, instance_roles
 from sloserve.request import Request, RequestStatus
+from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.events import EventKind, EventQueue
 from sloserve.workload.generate import Workload, make_requests
@@ -109,8 +110,12 @@ class Simulation:
             for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
+        router = PrefixRouter([i.instance_id for i in self.instances],
+                              capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
+                              ) if cfg.prefix_routing else None
         self.controller = Controller(
-            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions)
+            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions,
+            prefix_router=router)
         self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
         self.events = EventQueue()
@@ -223,6 +228,8 @@ class Simulation:
             sim_wall_s=round(wall, 3),
         )
         out.update(prefix_stats(self.instances))
+        if (router := self.controller.prefix_router) is not None:
+            out["prefix_routed_to_match"] = router.num_matched
         return out
 
 
