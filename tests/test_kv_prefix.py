@@ -64,23 +64,30 @@ def test_sharing_never_breaks_reference_counts_or_frees_a_held_block(
     num_blocks: int, ops: list[tuple[str, int, int, int]]
 ) -> None:
     kv = PrefixCachingBlockManager(num_blocks, BS)
-    reqs: dict[str, Request] = {}
+    reqs: dict[str, Request] = {}  # admitted
+    waiting: dict[str, Request] = {}  # looked up (maybe again and again), not admitted
     tokens: dict[str, int] = {}
     for op, n, p, length in ops:
         rid = f"r{n}"
         if op == "admit" and rid not in reqs:
-            r = make(rid, length, output=64, ids=PREFIXES[p])
+            r = waiting.setdefault(rid, make(rid, length, output=64, ids=PREFIXES[p]))
             hit = kv.lookup(r)
-            if kv.blocks_needed(rid, length) > kv.num_free_blocks:
+            fresh = 0  # the longest cached run, walked from scratch (no memo)
+            for h in unit_block_hashes(r.hash_ids or (), BS, (r.prompt_len - 1) // BS):
+                if h not in kv._cached:
+                    break
+                fresh += BS
+            assert hit == fresh, "a memoised lookup disagrees with the cache"
+            if kv.blocks_needed(rid, r.prompt_len) > kv.num_free_blocks:
                 continue  # admission control (conservative: hits counted as needed)
             evict_before = {b: kv._hash_of[b] for b in range(num_blocks) if kv.ref_count(b)}
-            assert admit(kv, r, length) == hit
+            assert admit(kv, r, r.prompt_len) == hit
             table = kv.block_table(rid)
             assert [kv._hash_of[b] for b in table[:hit // BS]] == (
-                unit_block_hashes(PREFIXES[p], BS, hit // BS)), "a hit reuses other content"
+                unit_block_hashes(r.hash_ids or (), BS, hit // BS)), "a hit reuses other content"
             for b, h in evict_before.items():  # eviction took only unreferenced blocks
                 assert kv._hash_of[b] == h
-            reqs[rid], tokens[rid] = r, length
+            reqs[rid], tokens[rid] = waiting.pop(rid), r.prompt_len
         elif op == "grow" and rid in reqs:
             total = min(tokens[rid] + length // 8 + 1, reqs[rid].prompt_len + 64)
             if kv.can_allocate(rid, total):
@@ -90,6 +97,9 @@ def test_sharing_never_breaks_reference_counts_or_frees_a_held_block(
         elif op == "free" and rid in reqs:
             kv.free(rid)
             del reqs[rid], tokens[rid]
+        elif op == "free" and rid in waiting:  # it leaves before admission
+            kv.free(rid)
+            del waiting[rid]
         check_invariants(kv)
 
 
@@ -163,3 +173,18 @@ def test_unit_hashes_name_blocks_that_straddle_units_by_both_ids() -> None:
     assert one[:straddle] == other[:straddle]
     assert one[straddle] != other[straddle]
     assert len(one) == 2 * PREFIX_UNIT // 48  # only blocks the ids cover
+
+
+def test_a_waiting_requests_hit_shrinks_when_its_blocks_are_evicted() -> None:
+    kv = PrefixCachingBlockManager(4, BS)
+    admit(kv, make("a", 2 * BS + 1, ids=(1,)), 2 * BS + 1)
+    kv.free("a")
+    w = make("w", 3 * BS, ids=(1,))
+    assert kv.lookup(w) == 2 * BS
+    kv.allocate("c", 3 * BS)  # the two free blocks, then a's tail block
+    assert kv.lookup(w) == BS
+    kv.allocate("c", 4 * BS)  # and a's head block
+    assert kv.lookup(w) == 0
+    kv.free("c")
+    admit(kv, make("a2", 2 * BS + 1, ids=(1,)), 2 * BS + 1)
+    assert kv.lookup(w) == 2 * BS  # cached again: the memo follows the cache up too

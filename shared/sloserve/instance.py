@@ -149,7 +149,7 @@ class Instance:
             # a request holds ceil(c / bs) blocks: it needs more only past a block boundary
             if c % bs == 0 or c % bs + n > bs:
                 kv.allocate(req.request_id, c + n)
-            if pkv is not None:
+            if pkv is not None and (c + n) // bs > c // bs:  # a block became full
                 pkv.cache_full_blocks(req, c + n)
             if req.status is RequestStatus.WAITING:
                 admitted.append(req)

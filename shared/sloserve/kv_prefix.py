@@ -65,8 +65,9 @@ class PrefixCachingBlockManager(BlockManager):
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
         self._evictable: OrderedDict[int, None] = OrderedDict()  # ref 0, cached; LRU first
-        self._stream: dict[str, list[int]] = {}  # request -> its block hashes (memo)
+        self._stream: dict[str, tuple[tuple[int, ...], list[int]]] = {}  # rid -> (ids, hashes)
         self._registered: dict[str, int] = {}  # request -> leading blocks already registered
+        self._lookups: dict[str, tuple[int, int]] = {}  # request -> (evictions then, hit blocks)
         self.num_query_tokens = 0  # prompt tokens looked up at admission (vLLM "queries")
         self.num_hit_tokens = 0  # of which found cached ("hits")
         self.num_evictions = 0
@@ -119,6 +120,7 @@ class PrefixCachingBlockManager(BlockManager):
         blocks = self._tables.pop(request_id, [])
         self._stream.pop(request_id, None)
         self._registered.pop(request_id, None)
+        self._lookups.pop(request_id, None)
         ref, hash_of = self._ref, self._hash_of
         for block in reversed(blocks):  # the tail is evicted before the head
             if ref[block] < 1:
@@ -137,25 +139,34 @@ class PrefixCachingBlockManager(BlockManager):
 
     # --- prefix lookups -------------------------------------------------------------
     def _hashes(self, req: Request) -> list[int]:
-        hashes = self._stream.get(req.request_id)
-        assert req.hash_ids is not None
-        if hashes is None:
-            n = (req.prompt_len + req.output_len) // self.block_size
-            hashes = unit_block_hashes(req.hash_ids, self.block_size, n)
-            self._stream[req.request_id] = hashes
+        """``req``'s block hashes, memoised while its ``hash_ids`` are the same object."""
+        ids = req.hash_ids
+        assert ids is not None
+        memo = self._stream.get(req.request_id)
+        if memo is not None and memo[0] is ids:
+            return memo[1]
+        n = (req.prompt_len + req.output_len) // self.block_size
+        hashes = unit_block_hashes(ids, self.block_size, n)
+        self._stream[req.request_id] = (ids, hashes)
+        self._lookups.pop(req.request_id, None)
         return hashes
 
     def lookup(self, req: Request) -> int:
         """Cached prompt tokens at the start of ``req`` (full blocks, at most
-        ``prompt_len - 1``); looks only, holds nothing."""
+        ``prompt_len - 1``); looks only, holds nothing. Memoised per request: while
+        nothing was evicted the cache only grew, so the walk resumes where it stopped."""
         if req.hash_ids is None:
             return 0
+        rid = req.request_id
         limit = (req.prompt_len - 1) // self.block_size
-        cached, n = self._cached, 0
-        for h in self._hashes(req):
-            if n >= limit or h not in cached:
-                break
+        hashes = self._hashes(req)
+        memo = self._lookups.get(rid)
+        n = memo[1] if memo is not None and memo[0] == self.num_evictions else 0
+        cached = self._cached
+        end = min(limit, len(hashes))
+        while n < end and hashes[n] in cached:
             n += 1
+        self._lookups[rid] = (self.num_evictions, n)
         return n * self.block_size
 
     def acquire(self, req: Request) -> int:
@@ -187,21 +198,22 @@ class PrefixCachingBlockManager(BlockManager):
         if req.hash_ids is None:
             return
         rid = req.request_id
+        start = self._registered.get(rid, 0)
+        if num_tokens // self.block_size <= start:
+            return  # no block newly full
         table = self._tables.get(rid)
         if not table:
             return
         hashes = self._hashes(req)
         full = min(num_tokens // self.block_size, len(table), len(hashes))
-        start = self._registered.get(rid, 0)
         cached, hash_of = self._cached, self._hash_of
         for b in range(start, full):
             h, block = hashes[b], table[b]
             if h not in cached and hash_of[block] is None:
                 cached[h] = block
                 hash_of[block] = h
-        if full > start:
-            self._registered[rid] = full
-
+        # blocks past the identity's coverage never register: do not look at them again
+        self._registered[rid] = min(num_tokens // self.block_size, len(table))
 
 
 def prefix_stats(instances: Sequence[object]) -> dict[str, float | int]:
