@@ -7,7 +7,9 @@ message and answer) plus a new user message, so it extends turn ``k-1``'s
 context, as a chat client resends its history. The next turn arrives a think
 time (exponential) after the previous one *arrived*: an open loop, so a turn
 may arrive before its predecessor finished and then finds less of its context
-cached.
+cached. Conversations start ``max_turns * mean_think_s`` before time 0 and only
+turns from time 0 are kept: a steady state, whose share of later turns does not
+depend on the rate (a cold start would make a short, fast run all first turns).
 
 Prefix identity is Mooncake's: ``hash_ids``, one id per ``PREFIX_UNIT`` (512)
 tokens of the conversation's token stream (prompt then answer). A system
@@ -88,7 +90,11 @@ def multiturn_requests(
         systems.append([next(ids) for _ in range(units)])
     conv_rate = qps / spec.mean_turns
     turns: list[tuple[float, int, int, tuple[int, ...], int]] = []  # arrival, p, o, ids, conv
-    start, conv, too_long = 0.0, 0, 0
+    # steady state: conversations start from -warmup and only turns from time 0 are kept,
+    # so the mix of first and later turns does not depend on qps or on num_requests (the
+    # cache starts cold for conversations already under way)
+    warmup = spec.max_turns * spec.mean_think_s
+    start, conv, too_long = -warmup, 0, 0
     # until no later conversation can arrive among the first num_requests turns
     while not _enough(turns, num_requests, start, conv):
         start += float(rng.exponential(1.0 / conv_rate))
@@ -107,7 +113,8 @@ def multiturn_requests(
             total_units = -(-(prompt + out) // PREFIX_UNIT)
             while len(stream) < total_units:
                 stream.append(next(ids))
-            turns.append((t, prompt, out, tuple(stream[:total_units]), conv))
+            if t >= 0:
+                turns.append((t, prompt, out, tuple(stream[:total_units]), conv))
             context = prompt + out
             t += float(gaps[k])
         conv += 1
