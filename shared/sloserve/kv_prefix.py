@@ -79,6 +79,11 @@ class PrefixCachingBlockManager(BlockManager):
         return len(self._free) + len(self._evictable)
 
     @property
+    def num_used_blocks(self) -> int:
+        """Referenced blocks (vLLM's KV usage: evictable cached blocks count as free)."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
     def num_cached_blocks(self) -> int:
         return len(self._cached)
 
