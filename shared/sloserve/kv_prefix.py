@@ -16,7 +16,8 @@ hit is capped at ``prompt_len - 1`` tokens so at least one token is computed
 Content without token ids (simulation, Mooncake traces) comes from the
 request's ``hash_ids``: one id per ``PREFIX_UNIT`` = 512 tokens of its token
 stream; our block ``b`` is named by the ids of the units it overlaps and its
-offset. The live stack can hash real token ids the same way (``token_block_key``).
+offset. The live stack names units by real token ids instead (``token_hash_ids``, one
+unit per KV block).
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def unit_block_hashes(hash_ids: Sequence[int], block_size: int, num_blocks: int,
     return out
 
 
-def token_block_key(parent: int, token_ids: Sequence[int]) -> int:
-    """vLLM's block hash from real token ids: ``hash(parent, tokens of the block)``."""
-    return hash((parent, tuple(token_ids)))
+def token_hash_ids(token_ids: Sequence[int], unit: int) -> tuple[int, ...]:
+    """Prefix identity from real token ids (the live stack): one id per ``unit`` tokens,
+    vLLM's chained block hash ``hash(parent, tokens of the unit)``; give the request
+    ``hash_unit=unit`` (the KV block size, so every full block can be shared)."""
+    if unit < 1:
+        raise ValueError(f"unit: must be >= 1, got {unit}")
+    out, parent = [], _ROOT
+    for start in range(0, len(token_ids), unit):
+        parent = hash((parent, tuple(token_ids[start:start + unit])))
+        out.append(parent)
+    return tuple(out)
 
 
 class PrefixCachingBlockManager(BlockManager):
@@ -151,7 +160,7 @@ class PrefixCachingBlockManager(BlockManager):
         if memo is not None and memo[0] is ids:
             return memo[1]
         n = (req.prompt_len + req.output_len) // self.block_size
-        hashes = unit_block_hashes(ids, self.block_size, n)
+        hashes = unit_block_hashes(ids, self.block_size, n, req.hash_unit)
         self._stream[req.request_id] = (ids, hashes)
         self._lookups.pop(req.request_id, None)
         return hashes

@@ -67,6 +67,7 @@ class Request:
     # prefix identity (Mooncake ``hash_ids``): one content id per PREFIX_UNIT (512) tokens of
     # the request's token stream; None = no identity, so nothing is shared (sloserve.kv_prefix)
     hash_ids: tuple[int, ...] | None = None
+    hash_unit: int = 512  # tokens per hash id (Mooncake: 512; live token ids: the block size)
     # prompt tokens found in the prefix cache when last looked up / admitted (vLLM
     # ``num_cached_tokens``); they count in ``num_computed`` without being computed
     num_cached: int = 0
