@@ -56,6 +56,7 @@ class StackConfig:
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
+    prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, sim executors)
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -127,6 +128,7 @@ class Stack:
                 "--num-hp", str(c.hp_instances), *knobs, "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
+                *(["--prefix-caching"] if c.prefix_caching else []),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,

@@ -78,7 +78,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self.send(out)
             return
         try:
-            self.instance.add_request(request_of(spec), now)
+            kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
+            unit = kv.block_size if kv.prefix_caching else None
+            self.instance.add_request(request_of(spec, hash_unit=unit), now)
         except ValueError as exc:
             self.send(scheduler_pb2.SchedulerOutput(
                 dropped=[scheduler_pb2.Drop(request_id=rid, reason=str(exc))]))
