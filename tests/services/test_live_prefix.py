@@ -27,8 +27,8 @@ def test_a_repeated_prompt_starts_over_the_cached_blocks_and_generates_the_same(
     client = Client(stack.gateway)
 
     def run(rid: str) -> list[int]:
-        chunks = list(client.generate(prompt_token_ids=PROMPT, max_tokens=6, request_id=rid, timeout=60,
-                                      temperature=0.0, ttft_slo=5.0, tbt_slo=1.0))
+        chunks = list(client.generate(prompt_token_ids=PROMPT, max_tokens=6, request_id=rid,
+                                      temperature=0.0, ttft_slo=5.0, tbt_slo=1.0, timeout=60))
         return [c.token_id for c in chunks]
 
     first = run("first")
