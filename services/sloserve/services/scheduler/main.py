@@ -21,7 +21,7 @@ from sloserve.services.scheduler.server import SchedulerService
 from sloserve.services.scheduler.state import RequestStore
 from sloserve.services.store import Keys
 
-PREFIX_CACHING_BACKENDS = ("torch", "sim")  # executors that accept a start past 0
+PREFIX_CACHING_BACKENDS = ("torch", "vllm", "sim")  # executors that accept a start past 0
 
 
 async def _describe(
