@@ -119,6 +119,16 @@ def test_a_lost_instance_gets_no_new_work_and_its_requests_rerun_elsewhere() -> 
     assert "lp1" in {route(c, f"m{i}", 2.1) for i in range(3)}
 
 
+def test_with_no_healthy_instance_left_requests_stay_and_new_ones_are_refused() -> None:
+    c = Controller([("lp0", "lp")])
+    route(c, "a")
+    assert c.on_instance_lost("lp0", 1.0) == []  # nowhere to go: it waits, not dropped
+    assert c.location == {"a": "lp0"}
+    assert isinstance(c.admit(req("b", 10), 1.1), Drop)
+    c.on_instance_back("lp0", 2.0)
+    assert c.location == {"a": "lp0"} and route(c, "c", 2.1) == "lp0"
+
+
 def test_without_lp_new_requests_go_round_robin_over_all_instances() -> None:
     c = Controller([("hp0", "hp"), ("hp1", "hp")])
     assert [route(c, f"r{i}") for i in range(3)] == ["hp0", "hp1", "hp0"]

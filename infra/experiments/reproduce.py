@@ -95,7 +95,7 @@ def _sim(item: tuple[str, SimConfig]) -> dict[str, Any]:
     name, cfg = item
     s = simulate(cfg)
     keep = ("goodput_share", "ttft_p50", "ttft_p99", "tbt_token_p99", "mean_tbt_p50",
-            "sched_delay_p50", "completed", "dropped", "throughput_tok_s")
+            "sched_delay_p50", "completed", "dropped", "offloads", "throughput_tok_s")
     return {"setup": name, "qps": cfg.qps, **{k: s.get(k) for k in keep}}
 
 
@@ -163,7 +163,7 @@ def _limit(r: dict[str, Any], tbt: float) -> str:
         return "never failed"
     bad = []
     if f["tbt_token_p99"] is not None and f["tbt_token_p99"] > tbt:
-        bad.append(f"P99 TBT {f['tbt_token_p99'] * 1e3:.0f} ms")
+        bad.append(f"P99 TBT {f['tbt_token_p99'] * 1e3:.1f} ms")
     if f["sched_delay_p50"] is not None and f["sched_delay_p50"] > 2.0:
         bad.append(f"median sched. delay {f['sched_delay_p50']:.1f} s")
     return f"fails at {f['qps']:.2f} req/s on " + (" and ".join(bad) or "?")
@@ -240,14 +240,30 @@ def ascendra_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[st
     a, v, s = cap["ascendra 2L1H"], cap["vllm ×3"], cap["sarathi ×3"]
     setup = (f"llama-3-8b/A100 ×3 simulated (paper: Mistral-7B), ShareGPT, TTFT 1 s, mean TBT "
              f"0.15 s, {data['num_requests']} req/probe")
+    sweep = {(r["setup"], r["qps"]): r for r in data["sweep"]}
+    over = [q for q in ASCENDRA_QPS if (sweep[("vllm ×3", q)]["goodput_share"] or 0) < 0.9]
+    above = [ratio(sweep[("ascendra 2L1H", q)]["goodput_share"],
+                   sweep[(b, q)]["goodput_share"]) for q in over for b in ("vllm ×3", "sarathi ×3")]
+    above_r = [x for x in above if x is not None]
+
+    def at(q: float) -> str:
+        return ", ".join(f"{n} {fmt(sweep[(n, q)]['goodput_share'])}" for n in ASCENDRA_SETUPS) + (
+            f" ({sweep[('ascendra 2L1H', q)].get('offloads')} offloads)")
+
+    knee = min(over) if over else ASCENDRA_QPS[-1]
+    why = f"goodput share at {knee:g} req/s: {at(knee)}"
     rows = [
         Row("goodput capacity (≥ 90 % of requests meet TTFT and mean TBT) vs vLLM ×3",
             "+19.1 % (Mistral-7B, ShareGPT, Fig. 9)", f"{fmt(a)} vs {fmt(v)} req/s = "
-            f"**{fmt(ratio(a, v))}×**", setup, verdict(1.191, ratio(a, v)),
-            "see the goodput-vs-rate plot"),
+            f"**{fmt(ratio(a, v))}×**", setup, verdict(1.191, ratio(a, v)), why),
         Row("goodput capacity vs Sarathi ×3", "+17.4 % (Fig. 9)",
             f"{fmt(a)} vs {fmt(s)} req/s = **{fmt(ratio(a, s))}×**", setup,
-            verdict(1.174, ratio(a, s)), "see the goodput-vs-rate plot"),
+            verdict(1.174, ratio(a, s)), why),
+        Row("above capacity Ascendra keeps more goodput than both baselines",
+            "\"continues to outperform both baselines even under extreme load\" (§8.2, Fig. 9)",
+            f"ascendra / baseline goodput share at {', '.join(f'{q:g}' for q in over)} req/s: "
+            f"{_range(above_r)}", setup, verdict(None, _median(above_r)),
+            f"at {ASCENDRA_QPS[-1]:g} req/s: {at(ASCENDRA_QPS[-1])}"),
     ]
     fig, ax = plt.subplots(figsize=(5.5, 3.5))
     for name in ASCENDRA_SETUPS:
@@ -387,10 +403,45 @@ def accelgen_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[st
     return rows, []
 
 
+BESTSERVE_ARGS = ["--top", "3", "--num-requests", "1000", "--accurate-requests", "100"]
+
+
+def error_verdict(paper_pct: float, ours_pct: float | None) -> str:
+    """Error claims: reproduced when ours ≤ the paper's, partly when ≤ 2× it, else not."""
+    if ours_pct is None:
+        return "not measured"
+    return ("reproduced" if ours_pct <= paper_pct else
+            "partly" if ours_pct <= 2 * paper_pct else "not")
+
+
 def bestserve_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str]]:
+    """BestServe §5 (Table 3, OP1–OP4): the fast estimator against the accurate simulator.
+
+    The paper's error is against vLLM-Ascend on real 910B3s; ours is fast vs accurate mode
+    with the A100 constants calibrated on our profiles, both under Algorithm 8's bound
+    (which caps nearly every answer) and with the bound extended (``--extend-upper``).
+    """
     if not reuse:
-        run_script("bestserve_ops", ["--out", str(RESULTS / "bestserve_ops.json")])
-    return claims_rows("bestserve_ops"), []
+        run_script("bestserve_ops", [*BESTSERVE_ARGS, "--out",
+                                     str(RESULTS / "bestserve_ops.json")])
+    d = load("bestserve_ops")
+    rows = []
+    for r in d["reproduction"]:
+        paper_pct = float(r["paper"].split("%")[0])
+        best_fast, best_acc = r["best_fast_vs_accurate"]
+        rows.append(Row(r["claim"].replace("|error|", "absolute error"), r["paper"],
+                        f"**{r['ours_extended_bound']:.1f} %** with λ_u extended; "
+                        f"{r['ours_paper_bound']:.1f} % under λ_u = 1.2/T_min; best strategy "
+                        f"fast {best_fast} / accurate {best_acc} over "
+                        f"{', '.join(r['strategies'])}",
+                        r["setup"] + f"; {d['setup']['accurate_requests']} requests per "
+                        "accurate run", error_verdict(paper_pct, r["ours_extended_bound"]),
+                        "λ_u caps every strategy at nearly the same rate, so the paper-bound "
+                        "error says little; with it extended the fast mode's closed-form "
+                        "queueing overestimates collocated goodput against the accurate mode; "
+                        "ours is simulator vs simulator, the paper's is vs real runs "
+                        "(docs/bestserve.md)"))
+    return rows, []
 
 
 # ---------------------------------------------------------------- document

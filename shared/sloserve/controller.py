@@ -26,6 +26,8 @@ Rules:
   is forgotten; a first token (or leaving the HP before it) frees its ticket.
 * A lost instance takes no new work; its requests are re-run elsewhere
   (prefill restarts; decodes resume by recomputing prompt + generated tokens).
+  With no healthy instance left they stay where they are and resume when it
+  comes back (dropping accepted work would turn a pause into a loss).
 
 Routing to an instance counts one more waiting prefill there until its next
 state report, so a stale report never lets two tickets out at once.
@@ -193,18 +195,18 @@ class Controller:
         self.healthy.discard(instance_id)
         actions: list[Action] = []
         for rid in self.requests_on(instance_id):
-            self._leave_prefill(rid)
             pool = [i for i in (self.lp or self.hp) if i in self.healthy] or sorted(self.healthy)
-            if not pool:
-                actions.append(self._drop(rid, DROP_NO_INSTANCE))
+            if not pool:  # nowhere else to go: it waits for its instance to come back
                 continue
+            self._leave_prefill(rid)
             target = pool[self._next_new % len(pool)]
             self._next_new += 1
             actions.append(self._dispatch(rid, target, "rerun"))
         return actions
 
     def on_instance_back(self, instance_id: str, now: float) -> None:
-        """A lost instance is healthy again (it restarted empty)."""
+        """A lost instance is healthy again; it holds only the requests that had nowhere
+        else to go (the rest were re-run elsewhere and cancelled there)."""
         if instance_id not in self.waiting_prefills:
             raise ValueError(f"instance_id: unknown instance {instance_id!r}")
         self.healthy.add(instance_id)

@@ -109,6 +109,22 @@ class Instance:
         req.finish_time = now
         return req
 
+    def preempt_all(self) -> list[Request]:
+        """The executor was lost with its KV cache: every running request goes back to
+        the front of the queue to recompute (vLLM's preemption by recompute; a decode
+        resumes by recomputing prompt + generated tokens). Returns them."""
+        moved = list(self.running)
+        for req in moved:
+            self.kv.free(req.request_id)
+            req.num_computed = 0
+            req.num_preemptions += 1
+            req.status = RequestStatus.WAITING
+            self.num_preemptions += 1
+        self.running = []
+        for req in reversed(moved):
+            self.waiting.appendleft(req)
+        return moved
+
     # --- one iteration ----------------------------------------------------
     def schedule(self, now: float) -> tuple[BatchPlan, list[Request], list[Request]]:
         """Ask the policy for a plan and apply it: KV allocated, queues moved.

@@ -117,7 +117,8 @@ class Conductor:
             raw = {k.decode(): v.decode() for k, v in
                    (await redis.hgetall(self.keys.clock_held)).items()}
             statuses = await asyncio.gather(
-                *(s.Status(scheduler_pb2.StatusRequest()) for s in schedulers.values()))
+                *(s.Status(scheduler_pb2.StatusRequest(), metadata=self.stack.internal_metadata)
+                  for s in schedulers.values()))
             held = {i: raw.get(self.executors[i], "") for i in schedulers}
             settled = all(
                 (h != "" and float(h) > self.horizon) or (h == "" and st.idle)

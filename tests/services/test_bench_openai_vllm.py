@@ -4,7 +4,7 @@ One server for the module (vLLM's CPU build, ``--enforce-eager`` so it starts
 without compiling), then the same replay ``sloserve bench`` runs. It checks
 that every request streams exactly its output length (``ignore_eos``), that
 token counts come from the server's ``token_ids``, and that the summary has
-the gRPC bench's keys.
+the gRPC bench's keys (``bench_keys``: our SLO metrics and vllm bench serve's).
 """
 
 from __future__ import annotations
@@ -20,17 +20,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from bench_keys import RESULT_KEYS
 
-from sloserve.metrics import summarize
 from sloserve.request import Request
 from sloserve.services import bench_cmd, bench_openai
 from sloserve.services.model_store import resolve
 from sloserve.services.store import free_port
 
 START_S = 400.0
-# what both replays add to summarize()'s keys (bench_cmd.replay, bench_openai.replay)
-EXTRA_KEYS = {"policy", "instances", "model", "qps", "seed", "measured", "offloads", "endpoint",
-              "target"}
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +69,11 @@ def _args(target: str, trace: Path, **kw: object) -> argparse.Namespace:
     bench_cmd.add_parser(ap.add_subparsers())
     args = ap.parse_args(["bench", "--endpoint", "openai", "--target", target, "--trace-file",
                           str(trace), "--qps", "20", "--num-requests", "6", "--ttft-slo", "30",
-                          "--tbt-slo", "5", "--workload-model", "smollm2-135m"])
+                          "--tbt-slo", "5", "--workload-model", "smollm2-135m",
+                          "--goodput", "ttft:30000"])
     for k, v in kw.items():
         setattr(args, k, v)
-    return args
+    return bench_cmd.at_rate(args, args.qps[0])
 
 
 @pytest.fixture()
@@ -95,8 +93,9 @@ def test_replay_streams_exact_lengths_with_the_grpc_benchs_keys(server: str, tra
     assert 0 < out["ttft_p50"] <= out["ttft_p99"] < 30
     assert out["tbt_p50"] is not None and out["tbt_p50"] > 0
     assert out["goodput_share"] == 1.0  # generous SLOs on an idle server
-    keys = set(summarize([Request("x", 0.0, 1, 1)]))
-    assert set(out) == keys | EXTRA_KEYS
+    assert set(out) == RESULT_KEYS  # the gRPC bench's too (test_bench_conventions.py)
+    assert out["completed"] == 6 and out["total_output_tokens"] == sum(wanted)
+    assert out["median_tpot_ms"] == pytest.approx(1000 * out["mean_tbt_p50"])
 
 
 def test_each_chunk_names_its_tokens(server: str) -> None:

@@ -21,7 +21,8 @@ def test_non_default_knobs_arrive_at_every_scheduler(start_stack: Callable[..., 
     stack = start_stack(policy="ascendra", instances=2, hp_instances=1, policy_config=cfg)
     for iid, role in (("lp0", "lp"), ("hp1", "hp")):
         with grpc.insecure_channel(stack.services[f"scheduler-{iid}"].address) as ch:
-            st = scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest())
+            st = scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest(),
+                                                        metadata=stack.internal_metadata)
         assert (st.policy, st.role) == ("ascendra", role)
         want = get_spec("ascendra").make(role, cfg, num_hp=1).config
         assert json.loads(st.policy_config) == asdict(want)

@@ -26,7 +26,8 @@ def stack(start_stack: Callable[..., Stack]) -> Stack:
 def _status(stack: Stack) -> scheduler_pb2.SchedulerStatus:
     addr = stack.services["scheduler-lp0"].address
     with grpc.insecure_channel(addr) as ch:
-        return scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest())
+        return scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest(),
+                                                       metadata=stack.internal_metadata)
 
 
 def test_concurrent_streams_get_every_token_in_order_with_timing(stack: Stack) -> None:
@@ -130,12 +131,14 @@ def test_every_service_has_health_reflection_and_the_perf_model_publishes(stack:
             assert svc.health in {s.name for s in listed.list_services_response.service}
     with grpc.insecure_channel(stack.services["perfmodel"].address) as ch:
         pm = perfmodel_grpc.PerfModelStub(ch)
-        watch = pm.WatchCoefficients(perfmodel_pb2.CoefficientsRequest())
+        md = stack.internal_metadata
+        watch = pm.WatchCoefficients(perfmodel_pb2.CoefficientsRequest(), metadata=md)
         first = next(watch)
         watch.cancel()
-        coeffs = pm.GetCoefficients(perfmodel_pb2.CoefficientsRequest())
+        coeffs = pm.GetCoefficients(perfmodel_pb2.CoefficientsRequest(), metadata=md)
         assert coeffs.version >= first.version >= 1 and len(coeffs.values) == 5
         shape = common_pb2.BatchShape(decodes=[512] * 8)
-        small = pm.Predict(perfmodel_pb2.PredictRequest(shape=shape)).duration_s
+        small = pm.Predict(perfmodel_pb2.PredictRequest(shape=shape), metadata=md).duration_s
         shape.prefills.add(chunk_len=512, context_len=0)
-        assert pm.Predict(perfmodel_pb2.PredictRequest(shape=shape)).duration_s > small > 0
+        assert pm.Predict(perfmodel_pb2.PredictRequest(shape=shape),
+                         metadata=md).duration_s > small > 0

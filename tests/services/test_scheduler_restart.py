@@ -81,7 +81,8 @@ def test_reconnecting_gateway_gets_the_tokens_it_lacks_replayed(
 
         got: list[scheduler_pb2.TokenEvent] = []
         async with grpc.aio.insecure_channel(target) as ch:
-            call = scheduler_grpc.SchedulerStub(ch).Connect(inputs())
+            call = scheduler_grpc.SchedulerStub(ch).Connect(inputs(),
+                                                           metadata=stack.internal_metadata)
             async for out in call:
                 got += [t for t in out.tokens if t.request_id == spec.request_id]
                 if len(got) >= until or (got and got[-1].finished):

@@ -15,6 +15,7 @@ from sloserve.client.errors import (
     InvalidArgument,
     RequestDropped,
     SloserveError,
+    Unauthenticated,
     Unavailable,
 )
 
@@ -28,5 +29,6 @@ __all__ = [
     "InvalidArgument",
     "RequestDropped",
     "SloserveError",
+    "Unauthenticated",
     "Unavailable",
 ]

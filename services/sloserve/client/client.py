@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, TypedDict
@@ -10,6 +11,7 @@ import grpc
 from typing_extensions import Unpack
 
 from sloserve.client.errors import from_rpc_error
+from sloserve.services import auth
 from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
 from sloserve.services.rpc import client_options
 
@@ -95,10 +97,16 @@ def _info(r: gateway_pb2.InfoResponse) -> dict[str, Any]:
     return info
 
 
+def _auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
+    """``authorization: Bearer <key>``: ``api_key``, else ``$SLOSERVE_API_KEY``, else none."""
+    return auth.metadata(api_key or os.environ.get(auth.API_KEY_ENV) or None)
+
+
 class Client:
     """Blocking client: ``generate`` yields :class:`Chunk` objects as tokens are produced."""
 
-    def __init__(self, target: str = "127.0.0.1:50051") -> None:
+    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None) -> None:
+        self._md = _auth_metadata(api_key)
         self._channel = grpc.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
@@ -106,7 +114,7 @@ class Client:
         self, prompt: str | None = None, *, timeout: float | None = None,
         **opts: Unpack[GenerateOptions],
     ) -> Iterator[Chunk]:
-        call = self._stub.Generate(_request(prompt, opts), timeout=timeout)
+        call = self._stub.Generate(_request(prompt, opts), timeout=timeout, metadata=self._md)
         try:
             for c in call:
                 yield _chunk(c)
@@ -117,13 +125,14 @@ class Client:
 
     def cancel(self, request_id: str) -> bool:
         try:
-            return bool(self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id)).found)
+            return bool(self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id),
+                                 metadata=self._md).found)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
     def info(self) -> dict[str, Any]:
         try:
-            return _info(self._stub.Info(gateway_pb2.InfoRequest()))
+            return _info(self._stub.Info(gateway_pb2.InfoRequest(), metadata=self._md))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 
@@ -140,7 +149,8 @@ class Client:
 class AsyncClient:
     """asyncio client: ``async for chunk in client.generate(...)``."""
 
-    def __init__(self, target: str = "127.0.0.1:50051") -> None:
+    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None) -> None:
+        self._md = _auth_metadata(api_key)
         self._channel = grpc.aio.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
@@ -148,7 +158,7 @@ class AsyncClient:
         self, prompt: str | None = None, *, timeout: float | None = None,
         **opts: Unpack[GenerateOptions],
     ) -> AsyncIterator[Chunk]:
-        call = self._stub.Generate(_request(prompt, opts), timeout=timeout)
+        call = self._stub.Generate(_request(prompt, opts), timeout=timeout, metadata=self._md)
         try:
             async for c in call:
                 yield _chunk(c)
@@ -159,14 +169,15 @@ class AsyncClient:
 
     async def cancel(self, request_id: str) -> bool:
         try:
-            resp = await self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id))
+            resp = await self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id),
+                                 metadata=self._md)
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
         return bool(resp.found)
 
     async def info(self) -> dict[str, Any]:
         try:
-            return _info(await self._stub.Info(gateway_pb2.InfoRequest()))
+            return _info(await self._stub.Info(gateway_pb2.InfoRequest(), metadata=self._md))
         except grpc.RpcError as exc:
             raise from_rpc_error(exc) from None
 

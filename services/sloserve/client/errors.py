@@ -43,10 +43,16 @@ class DeadlineExceeded(SloserveError):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
+class Unauthenticated(SloserveError):
+    """No valid API key (``authorization: Bearer <key>``)."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
 _BY_CODE: dict[grpc.StatusCode, type[SloserveError]] = {
     c.code: c
     for c in (InvalidArgument, AlreadyExists, RequestDropped, Cancelled, Unavailable,
-              DeadlineExceeded)
+              DeadlineExceeded, Unauthenticated)
 }
 
 

@@ -8,6 +8,13 @@ seed, arrivals and SLOs), each request is sent at its arrival offset with a
 prompt of its exact token length, and the measured token times (the
 gateway's clock, DESIGN.md: TTFT from arrival at the gateway) go through the
 same ``sloserve.metrics.summarize``, so the JSON keys match ``simulate``'s.
+
+On top, ``vllm bench serve``'s conventions (``bench_metrics``, ``bench_report``):
+its metric names and semantics (``--goodput ttft:MS tpot:MS e2el:MS``,
+``--percentile-metrics``, ``--metric-percentiles``), its printed block, a
+result file (``--result-file``), several rates in one run (``--qps 1 2 4``, alias
+``--request-rate``), a tqdm bar on a terminal and ``--plot DIR``. Both
+endpoints go through ``result()``, so their keys are the same.
 """
 
 from __future__ import annotations
@@ -23,6 +30,16 @@ from typing import Any
 
 from sloserve.defaults import TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.request import Request, RequestStatus
+from sloserve.services.bench_metrics import (
+    DEFAULT_PERCENTILES,
+    PERCENTILE_METRICS,
+    parse_goodput,
+    parse_metric_percentiles,
+    parse_percentile_metrics,
+    per_request,
+    timing,
+    vllm_metrics,
+)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -42,8 +59,22 @@ def add_parser(subparsers: Any) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code")
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
-    p.add_argument("--qps", type=float, required=True)
+    p.add_argument("--qps", "--request-rate", dest="qps", type=float, nargs="+", required=True,
+                   metavar="RATE", help="request rate(s) in req/s; several run one after another")
     p.add_argument("--num-requests", type=int, required=True)
+    p.add_argument("--goodput", nargs="+", default=None, metavar="NAME:MS",
+                   help="vllm bench serve's goodput targets: ttft:MS tpot:MS e2el:MS "
+                        "(judged by the client; the requests carry --ttft-slo/--tbt-slo)")
+    p.add_argument("--percentile-metrics", default=",".join(PERCENTILE_METRICS),
+                   help="comma-separated subset of ttft,tpot,itl,e2el to report")
+    p.add_argument("--metric-percentiles", default=DEFAULT_PERCENTILES,
+                   help='comma-separated percentiles, e.g. "50,90,99" (default 99)')
+    p.add_argument("--result-file", "--result-filename", dest="result_file", default=None,
+                   help="write the result JSON here (one line per rate, per-request arrays)")
+    p.add_argument("--plot", default=None, metavar="DIR",
+                   help="write TTFT/ITL CDF PNGs (and goodput vs rate for several rates) "
+                        "into DIR (needs matplotlib: the bench extra)")
+    p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
     p.add_argument("--ttft-slo", type=float, default=None, help=f"seconds (default {TTFT_SLO})")
     p.add_argument("--tbt-slo", type=float, default=None, help=f"seconds (default {TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None)
@@ -108,53 +139,106 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
         bar.update(1)
 
 
-async def send_all(reqs: list[Request], one: Callable[[Request, float, Any], Awaitable[None]]
-                   ) -> None:
-    """Send every request at its arrival offset (``one(req, t0, bar)``), a progress bar on a
-    terminal; the measured times replace the workload's synthetic ones."""
+async def send_all(reqs: list[Request], one: Callable[[Request, float, Any], Awaitable[None]],
+                   progress: bool = True, label: str = "") -> None:
+    """Send every request at its arrival offset (``one(req, t0, bar)``), a tqdm bar on a
+    terminal unless ``progress`` is off; the measured times replace the workload's
+    synthetic ones."""
     for r in reqs:
         r.token_times, r.status, r.num_generated = [], RequestStatus.WAITING, 0
     bar = None
-    if sys.stderr.isatty():
+    if progress and sys.stderr.isatty():
         from tqdm import tqdm
 
-        bar = tqdm(total=len(reqs), unit="req", file=sys.stderr)
+        bar = tqdm(total=len(reqs), unit="req", file=sys.stderr, desc=label or None)
     t0 = time.monotonic()
     await asyncio.gather(*(one(r, t0, bar) for r in reqs))
     if bar is not None:
         bar.close()
 
 
-async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
-    from sloserve.client import AsyncClient
+def progress(args: argparse.Namespace) -> tuple[bool, str]:
+    """``send_all``'s bar settings for one rate."""
+    return not getattr(args, "disable_tqdm", False), f"{args.qps:g} req/s"
+
+
+def result(reqs: list[Request], args: argparse.Namespace, **extra: Any) -> dict[str, Any]:
+    """One rate's result, the same keys for every endpoint: ``summarize``'s (our SLO
+    metrics), vLLM's (``bench_metrics``), ``extra`` (who served it), and vLLM's
+    per-request arrays (dropped from ``--json``)."""
     from sloserve.metrics import summarize
+
+    out: dict[str, Any] = dict(summarize(reqs))
+    timings = [timing(r) for r in reqs]
+    out.update(vllm_metrics(timings, out["duration"], parse_goodput(args.goodput),
+                            parse_percentile_metrics(args.percentile_metrics),
+                            parse_metric_percentiles(args.metric_percentiles)))
+    out.update(extra, qps=args.qps, request_rate=args.qps, seed=args.seed, measured=True)
+    out.update(per_request(timings))
+    return out
+
+
+async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One rate (``args.qps`` a number, ``at_rate``) against our gRPC gateway."""
+    from sloserve.client import AsyncClient
 
     async with AsyncClient(target) as client:
         info = await client.info()
         reqs = workload(args, info["model"], info["instances"][0]["hardware"])
-        await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar))
-    out: dict[str, Any] = dict(summarize(reqs))
-    out.update(policy=",".join(info["policies"]), instances=len(info["instances"]),
-               model=info["model"], qps=args.qps, seed=args.seed, measured=True,
-               offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
-    return out
+        await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar), *progress(args))
+    return result(reqs, args, policy=",".join(info["policies"]),
+                  instances=len(info["instances"]), model=info["model"],
+                  offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
+
+
+def at_rate(args: argparse.Namespace, rate: float) -> argparse.Namespace:
+    """``args`` for one of the ``--qps`` rates."""
+    return argparse.Namespace(**{**vars(args), "qps": rate})
+
+
+def check(args: argparse.Namespace) -> list[float]:
+    """Every flag ``run`` judges itself, before anything is sent; returns the rates."""
+    rates = list(args.qps) if isinstance(args.qps, list) else [args.qps]
+    for q in rates:
+        if not (q > 0 and q != float("inf")):
+            raise ValueError(f"qps (--qps/--request-rate): every rate must be a finite number "
+                             f"> 0, got {q}")
+    if args.num_requests < 1:
+        raise ValueError(f"num_requests (--num-requests): must be >= 1, got {args.num_requests}")
+    parse_goodput(args.goodput)
+    parse_percentile_metrics(args.percentile_metrics)
+    parse_metric_percentiles(args.metric_percentiles)
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError("plot (--plot): needs matplotlib "
+                             "(pip install 'sloserve[bench]')") from None
+    return rates
 
 
 def run(args: argparse.Namespace) -> int:
     from sloserve.metrics import format_table
+    from sloserve.services import bench_report
 
-    if not args.qps > 0:
-        raise ValueError(f"qps (--qps): must be > 0, got {args.qps}")
-    if args.num_requests < 1:
-        raise ValueError(f"num_requests (--num-requests): must be >= 1, got {args.num_requests}")
-    if args.endpoint == "openai":
-        from sloserve.services import bench_openai
+    results = []
+    for rate in check(args):
+        one = at_rate(args, rate)
+        if args.endpoint == "openai":
+            from sloserve.services import bench_openai
 
-        out = asyncio.run(bench_openai.replay(args))
-    else:
-        out = asyncio.run(replay(args.target, args))
-    if args.json:
-        print(json.dumps(out))
-    else:
-        print(format_table(out))
-    return 0 if out["completed"] + out["dropped"] == out["requests"] else 1
+            out = asyncio.run(bench_openai.replay(one))
+        else:
+            out = asyncio.run(replay(args.target, one))
+        results.append(out)
+        if args.json:
+            print(json.dumps(bench_report.scalars(out)), flush=True)
+        else:
+            print(bench_report.format_vllm(out))
+            print(format_table(bench_report.ours(out)), flush=True)
+    if args.result_file:
+        bench_report.write_results(args.result_file, results)
+    if args.plot:
+        for path in bench_report.plot(args.plot, results):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0 if all(o["completed"] + o["dropped"] == o["requests"] for o in results) else 1

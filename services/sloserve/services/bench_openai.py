@@ -2,8 +2,9 @@
 
 This is how stock ``vllm serve`` runs as the peer (docs/vs-vllm.md). The
 workload is the one ``bench`` sends to our gateway (same trace, seed, Poisson
-arrivals, SLOs, prompt token ids); the summary goes through the same
-``sloserve.metrics.summarize``, so the JSON keys match.
+arrivals, SLOs, prompt token ids); the result goes through the same
+``bench_cmd.result`` (``summarize``'s and vllm bench serve's metrics), so the JSON
+keys match.
 
 Each request is a streamed ``POST /v1/completions`` with the prompt as token
 ids, ``max_tokens`` = the request's output length, ``ignore_eos`` (exact output
@@ -170,8 +171,8 @@ def base_url(target: str) -> str:
 
 
 async def replay(args: argparse.Namespace) -> dict[str, Any]:
-    from sloserve.metrics import summarize
-    from sloserve.services.bench_cmd import send_all, workload
+    """One rate (``args.qps`` a number, ``bench_cmd.at_rate``) against ``args.target``."""
+    from sloserve.services.bench_cmd import progress, result, send_all, workload
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base_url(args.target), timeout=httpx.Timeout(None),
@@ -179,8 +180,7 @@ async def replay(args: argparse.Namespace) -> dict[str, Any]:
         info = await served_model(client, args.model)
         model = str(info["id"])
         reqs = workload(args, args.workload_model or model, args.gpu)
-        await send_all(reqs, lambda r, t0, bar: _one(client, r, model, args.temperature, t0, bar))
-    out: dict[str, Any] = dict(summarize(reqs))
-    out.update(policy=None, instances=None, model=model, qps=args.qps, seed=args.seed,
-               measured=True, offloads=0, endpoint="openai", target=args.target)
-    return out
+        await send_all(reqs, lambda r, t0, bar: _one(client, r, model, args.temperature, t0, bar),
+                       *progress(args))
+    return result(reqs, args, policy=None, instances=None, model=model, offloads=0,
+                  endpoint="openai", target=args.target)

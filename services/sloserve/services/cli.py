@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "up": "up_cmd",
     "bench": "bench_cmd",
     "model": "model_cmd",
+    "soak": "soak_cmd",
 }
 
 

@@ -6,13 +6,15 @@ import argparse
 import json
 import os
 import time
+from dataclasses import replace
 from typing import Any
 
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
-from sloserve.plan.estimator import Efficiency, EstimatorConfig
+from sloserve.plan.estimator import Efficiency
 from sloserve.plan.optimizer import Scenario, SearchConfig, StrategyResult, plan_fast, rank
-from sloserve.plan.strategies import COLLOCATED, DISAGGREGATED, enumerate_strategies
+from sloserve.plan.presets import PRESETS, preset_names, resolve_preset
+from sloserve.plan.strategies import COLLOCATED, DISAGG, DISAGGREGATED, enumerate_strategies
 from sloserve.policies import BASELINE, PolicyConfig, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags, all_knobs, config_from_args, flag
 
@@ -89,14 +91,22 @@ def add_parser(subparsers: Any) -> None:
                    help="requests per fast simulation")
     p.add_argument("--rank-by", choices=("per_gpu", "total"), default="per_gpu")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hardware", default="auto", metavar="PRESET",
+                   help=f"Estimator constants: {', '.join(preset_names())} (auto: the preset "
+                        "calibrated on --gpu's profiles; ascend-910b3: the paper's)")
+    p.add_argument("--extend-upper", action="store_true",
+                   help="double Algorithm 8's λ_u = 1.2/T_min while feasible (not in the paper)")
+    p.add_argument("--seeds", type=_number(int, 1, False), default=1,
+                   help="average each P90 over this many seeded workloads (Fig. 10b)")
     p.add_argument("--seq-cap", action="store_true",
                    help="vLLM admission cap in the fast collocated simulator (not in the paper)")
     p.add_argument("--prefill-eff", type=_efficiency, default=None, metavar="E_C,E_M,E_PLUS",
-                   help="default: the paper's 0.65,0.6,0.6")
+                   help="default: the --hardware preset's")
     p.add_argument("--decode-eff", type=_efficiency, default=None, metavar="E_C,E_M,E_PLUS",
-                   help="default: the paper's 0.65,0.3,0.3")
+                   help="default: the --hardware preset's")
     p.add_argument("--accurate-top", type=_number(int, 1, False), default=5,
-                   help="accurate mode: collocated deployments re-evaluated")
+                   help="accurate mode: best fast strategies re-evaluated (collocated under "
+                        "each of --policies, disaggregated in the per-iteration P/D simulator)")
     p.add_argument("--accurate-requests", type=_number(int, 1, False), default=200)
     p.add_argument("--policies", type=_policies, default=policy_names(),
                    help="accurate mode: policies tried on each deployment")
@@ -154,7 +164,7 @@ def _row(rank_: int, r: StrategyResult, fast: dict[tuple[str, int], float]) -> d
         "evaluated_by": r.mode, "simulations": r.evaluations,
     }
     key = (s.name, s.max_batch_size)
-    if r.mode == "accurate" and s.policy == BASELINE and key in fast:
+    if r.mode == "accurate" and s.policy in (BASELINE, DISAGG) and key in fast:
         row["fast_goodput_rps"] = round(fast[key], 4)
     return row
 
@@ -188,11 +198,15 @@ def _plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     configs = policy_configs(args)
-    scenario = _scenario(args)
-    defaults = EstimatorConfig()
-    est_cfg = EstimatorConfig(prefill=args.prefill_eff or defaults.prefill,
-                              decode=args.decode_eff or defaults.decode)
-    config = SearchConfig(seq_cap=args.seq_cap, estimator=est_cfg)
+    scenario = _scenario(args)  # validates --gpu first
+    try:
+        preset = resolve_preset(args.hardware, args.gpu)
+    except ValueError as exc:
+        raise ValueError(f"--hardware: {str(exc).removeprefix('hardware: ')}") from None
+    est_cfg = replace(PRESETS[preset], prefill=args.prefill_eff or PRESETS[preset].prefill,
+                      decode=args.decode_eff or PRESETS[preset].decode)
+    config = SearchConfig(seq_cap=args.seq_cap, estimator=est_cfg,
+                          extend_upper=args.extend_upper, seeds=args.seeds)
     archs = (COLLOCATED, DISAGGREGATED) if args.architectures == "both" else (args.architectures,)
     strategies = enumerate_strategies(scenario.model, scenario.hw, args.gpus,
                                       int(scenario.prompt_lens.max() + scenario.output_lens.max()),
@@ -211,8 +225,7 @@ def run(args: argparse.Namespace) -> int:
         accurate = plan_accurate(results, ev, args.accurate_top, args.policies,
                                  args.token_budgets)
         timing = ", ".join(sorted({ev.timing_name(r.strategy.tp) for r in accurate}))
-        disagg = [r for r in results if r.strategy.architecture == DISAGGREGATED]
-        results = rank([*accurate, *disagg], args.rank_by)
+        results = rank(accurate, args.rank_by)
     multi_batch = len(set(args.max_batch_sizes)) > 1
     rows = [_row(i + 1, r, fast) for i, r in enumerate(results[: args.top])]
     if multi_batch:
@@ -224,8 +237,15 @@ def run(args: argparse.Namespace) -> int:
         "workload": {"input_len": args.input_len, "output_len": args.output_len,
                      "trace": args.trace, "num_requests": args.num_requests},
         "ttft_slo": args.ttft_slo, "tpot_slo": args.tpot_slo,
+        "hardware_preset": preset,
         "efficiency": {"prefill": list(_eff(est_cfg.prefill)),
                        "decode": list(_eff(est_cfg.decode))},
+        "dispatch_ms": {"rmsnorm": est_cfg.dispatch_rmsnorm * 1e3,
+                        "attention": est_cfg.dispatch_attention * 1e3,
+                        "mlp": est_cfg.dispatch_mlp * 1e3},
+        "allreduce_floor_ms": est_cfg.allreduce_floor * 1e3,
+        "upper_bound": "doubled while feasible" if args.extend_upper else "1.2/T_min (paper)",
+        "seeds": args.seeds,
         "cost_model": timing,
         "strategies_evaluated": len(results), "strategies": rows,
         "elapsed_s": round(time.perf_counter() - t0, 3),
@@ -247,7 +267,8 @@ def _eff(e: Efficiency) -> tuple[float, float, float]:
 def _print_table(out: dict[str, Any]) -> None:
     print(f"{out['model']} on {out['gpus']} x {out['gpu']}, {out['mode']} mode, "
           f"SLO TTFT {out['ttft_slo']} s / TPOT {out['tpot_slo']} s (P90), "
-          f"cost model: {out['cost_model']}")
+          f"cost model: {out['cost_model']} ({out['hardware_preset']} constants), "
+          f"λ_u: {out['upper_bound']}")
     print(f"{'rank':>4}  {'strategy':<28} {'arch':<13} {'gpus':>4} {'batch':>5} "
           f"{'goodput':>9} {'per GPU':>8}  by")
     for r in out["strategies"]:

@@ -122,21 +122,32 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    return grpc.aio.insecure_channel(target, options=client_options())
+    """An internal channel: sends ``$SLOSERVE_INTERNAL_TOKEN`` on every call when set."""
+    from sloserve.services.auth import internal_token, sending
+
+    return sending(grpc.aio.insecure_channel(target, options=client_options()), internal_token())
 
 
 async def start_server(
     host: str, port: int, service_name: str, register: Callable[[grpc.aio.Server], None],
     max_receive_bytes: int = INTERNAL_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+    internal: bool = True,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Start an aio server with our servicer, standard health checking and reflection.
+
+    ``internal`` servers require ``$SLOSERVE_INTERNAL_TOKEN`` on every call but health
+    checks when it is set (``auth``); the gateway passes its own API-key check instead.
 
     The service reports SERVING once started; call ``set_not_serving`` on drain.
     Raises :class:`PortInUse` when ``host:port`` is taken.
     """
     if port:
         check_port_free(host, port)
+    if internal:
+        from sloserve.services.auth import internal_interceptors
+
+        interceptors = [*internal_interceptors(), *interceptors]
     server = grpc.aio.server(options=server_options(max_receive_bytes=max_receive_bytes),
                              interceptors=interceptors)
     register(server)
@@ -207,7 +218,7 @@ def service_parser(
     name: str, *, port: int | None = None, redis: bool = True
 ) -> argparse.ArgumentParser:
     """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
-    from sloserve.services.store import DEFAULT_REDIS_URL
+    from sloserve.services.store import DEFAULT_REDIS_URL, redis_url
 
     p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}")
     p.add_argument("--host", default="127.0.0.1")
@@ -217,7 +228,8 @@ def service_parser(
         p.add_argument("--port", type=int, default=port)
     p.add_argument("--metrics-port", type=int, default=0)
     if redis:
-        p.add_argument("--redis-url", default=DEFAULT_REDIS_URL)
+        p.add_argument("--redis-url", default=redis_url() or DEFAULT_REDIS_URL,
+                       help="default $REDIS_URL (a password stays off the command line)")
         p.add_argument("--prefix", default="sloserve")
     return p
 

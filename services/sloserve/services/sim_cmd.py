@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from sloserve.admission import Admission
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.policies import get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
@@ -65,6 +66,9 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--prefix-routing", action="store_true",
                    help="route new requests to the instance caching their prefix, within a "
                         "load bound (SGLang's cache-aware router), instead of round-robin")
+    p.add_argument("--admission", action="store_true",
+                   help="refuse arrivals as the live scheduler does by default (bounded "
+                        "queues, TTFT shedding at its defaults; docs/reliability.md)")
     add_policy_flags(p)
 
 
@@ -97,6 +101,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
         prefix_caching=getattr(args, "prefix_caching", True),
         prefix_routing=getattr(args, "prefix_routing", False),
+        admission=Admission() if getattr(args, "admission", False) else None,
     )
     cfg.validate()
     return cfg

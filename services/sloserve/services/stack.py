@@ -4,7 +4,13 @@ One process per service: perf-model, then per instance an executor and its
 scheduler, then the gateway; each is ``python -m sloserve.services.<svc>``.
 With no Redis URL an :class:`EmbeddedRedis` is started in this process.
 Every Redis key lives under ``prefix``; every port but the gateway's is free
-and loopback.
+and loopback (``host`` is the gateway's alone).
+
+Access (``services/auth.py``): every child gets the stack's internal token in
+``$SLOSERVE_INTERNAL_TOKEN`` (``internal_token``; by default ``$SLOSERVE_INTERNAL_TOKEN``
+if set, else a fresh one per start), so only this stack's gateway can drive its
+schedulers and only its schedulers their executors. The Redis URL (which may carry
+a password) reaches the children in ``$REDIS_URL``, never on a command line.
 """
 
 from __future__ import annotations
@@ -20,11 +26,13 @@ from pathlib import Path
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
 from sloserve.policies.flags import config_to_argv
+from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
 from sloserve.services.executor.backends import BACKENDS, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
 VLLM_START_S = 300.0
+INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
 
 
 @dataclass(slots=True)
@@ -56,7 +64,10 @@ class StackConfig:
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
-    prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, sim executors)
+    prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, vllm, sim)
+    internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
+    internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
+    api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -87,19 +98,30 @@ class Stack:
         self.embedded: EmbeddedRedis | None = None
         self.redis_url = redis_url(cfg.redis_url) or ""
         self.services: dict[str, Service] = {}
+        self.internal_token: str | None = None
+        if cfg.internal_auth:
+            self.internal_token = cfg.internal_token or internal_token() or new_token()
+
+    @property
+    def internal_metadata(self) -> tuple[tuple[str, str], ...]:
+        """Call metadata that a test needs to talk to a scheduler, executor or perf-model."""
+        from sloserve.services.auth import metadata
+
+        return metadata(self.internal_token)
 
     @property
     def gateway(self) -> str:
         return self.services["gateway"].address
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
-        base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", self.cfg.host,
+        host = self.cfg.host if svc == "gateway" else INTERNAL_HOST
+        base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", host,
                 "--port", str(port)]
         return base + list(args)
 
     def plan(self) -> None:
-        c, h = self.cfg, self.cfg.host
-        common = ["--redis-url", self.redis_url, "--prefix", self.prefix]
+        c, h = self.cfg, INTERNAL_HOST
+        common = ["--prefix", self.prefix]  # the Redis URL travels in $REDIS_URL
         p = free_port(h)
         self._add("perfmodel", self._module(
             "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
@@ -133,8 +155,10 @@ class Stack:
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
               "--clock", c.clock, *self._decision_log("gateway")]
+        if c.api_key_file:
+            gw += ["--api-key-file", c.api_key_file]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
-                  f"{h}:{c.gateway_port}", "gateway")
+                  f"{c.host}:{c.gateway_port}", "gateway")
 
     def _decision_log(self, name: str) -> list[str]:
         d = self.cfg.decision_dir
@@ -175,7 +199,11 @@ class Stack:
             err = open(self.cfg.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - child owns it
         # no preexec_fn: forking a process with live gRPC channels that way crashes the
         # child (grpc/grpc#43055); children watch PARENT_PID_ENV and exit when we die
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid()),
+               "REDIS_URL": self.redis_url}
+        env.pop(INTERNAL_TOKEN_ENV, None)
+        if self.internal_token:
+            env[INTERNAL_TOKEN_ENV] = self.internal_token
         svc.proc = subprocess.Popen(svc.argv, stdout=err, stderr=err, env=env)
         if err is not None:
             err.close()

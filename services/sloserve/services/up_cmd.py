@@ -2,8 +2,10 @@
 
 Redis at ``--redis-url``/``$REDIS_URL`` or an embedded one; perf-model; N
 executor+scheduler pairs; the gateway (127.0.0.1:50051). Prints the
-addresses, restarts a service whose process dies (its scheduler state is in
-Redis), and shuts everything down on Ctrl-C or SIGTERM.
+addresses and whether API keys are required, then supervises
+(``supervisor.py``): a service whose process dies or that stops answering its
+health check is restarted alone, with backoff (its scheduler state is in
+Redis). It exits only on Ctrl-C or SIGTERM, shutting everything down.
 """
 
 from __future__ import annotations
@@ -19,9 +21,13 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
-from sloserve.services.stack import Stack, StackConfig
+from sloserve.services.auth import API_KEYS_ENV, load_api_keys
+from sloserve.services.executor.backends import VLLM
+from sloserve.services.stack import VLLM_START_S, Stack, StackConfig
+from sloserve.services.supervisor import Policy, Supervisor
 
-SUPERVISE_S = 1.0
+UNHEALTHY_S = 10.0
+UNHEALTHY_REAL_S = 60.0
 
 
 def add_parser(subparsers: Any) -> None:
@@ -35,7 +41,8 @@ def add_parser(subparsers: Any) -> None:
                    help="sim: profiled GPU; torch/vllm: cpu or a CUDA GPU")
     p.add_argument("--weights", default=None,
                    help="torch: local checkpoint directory; vllm: a Hugging Face directory")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="the gateway's address (the other services always bind 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
@@ -48,6 +55,13 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", default=None,
                    help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
     p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
+    p.add_argument("--api-key-file", default=None,
+                   help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
+                        "none configured: auth off")
+    p.add_argument("--unhealthy-after", type=float, default=None,
+                   help="restart a live service whose health check fails this long, s "
+                        f"(default {UNHEALTHY_S:.0f}; torch/vllm {UNHEALTHY_REAL_S:.0f}: their "
+                        "executors compute on the event loop, a long batch delays the answer)")
     add_policy_flags(p)
 
 
@@ -62,30 +76,55 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         policy_config=policy_config,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
+        api_key_file=args.api_key_file,
     )
     cfg.validate()
     return cfg
 
 
+
+def _masked(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    u = urlsplit(url)
+    if not u.password:
+        return url
+    host = u.hostname or ""
+    netloc = f"{u.username or ''}:***@{host}" + (f":{u.port}" if u.port else "")
+    return urlunsplit(u._replace(netloc=netloc))
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.unhealthy_after is not None and not args.unhealthy_after > 0:
+        raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
+    keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stack = Stack(cfg)
+    start_s = VLLM_START_S if cfg.backend == VLLM else 60.0
+    unhealthy_s = args.unhealthy_after or (UNHEALTHY_S if cfg.backend == "sim"
+                                           else UNHEALTHY_REAL_S)
+    supervisor: Supervisor | None = None
     try:
         stack.start()
-        print(f"redis      {stack.redis_url}{' (embedded)' if stack.embedded else ''}"
+        print(f"redis      {_masked(stack.redis_url)}{' (embedded)' if stack.embedded else ''}"
               f"  prefix {stack.prefix}")
         for name, svc in stack.services.items():
             print(f"{name:<16} {svc.address}")
         print(f"logs       {cfg.log_dir}")
+        print(f"auth       API keys required ({len(keys)} configured)" if keys else
+              f"auth       off: no API keys (${API_KEYS_ENV} or --api-key-file), "
+              "every client is served")
         print(f"gateway ready on {stack.gateway} (Ctrl-C to stop)", flush=True)
-        while not stop.wait(SUPERVISE_S):
-            for name in stack.exited():
-                print(f"{name} exited; restarting", flush=True)
-                stack.restart(name)
+        supervisor = Supervisor(stack, Policy(unhealthy_s=unhealthy_s, start_s=start_s)).start()
+        while not stop.wait(1.0):
+            pass
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         stack.stop()
         print("stopped", flush=True)
     return 0

@@ -6,8 +6,10 @@ continuous batching, KV blocks and preemption, chunked prefills, the policy's
 own decisions -- instead of BestServe's per-request pseudo batch size (eq. 9).
 The *cost model* is the same BestServe Estimator whenever the model/GPU has no
 real profile (``timing_source``), so fast-versus-accurate gaps measure the
-fast simulators' approximations only. Disaggregated strategies have no
-counterpart in the per-iteration simulator and stay fast-only.
+fast simulators' approximations only. Disaggregated strategies run the
+per-iteration P/D simulator of ``sloserve.plan.disagg_sim`` on the same cost
+model (``sloserve.sim`` has no prefill/decode split). ``SearchConfig.seeds > 1``
+averages each P90 over that many seeded workloads (Fig. 10b), as the fast mode does.
 """
 
 from __future__ import annotations
@@ -19,8 +21,17 @@ from typing import Any
 from sloserve.defaults import STRICT_TOKEN_BUDGET
 from sloserve.perf.base import TimingSource
 from sloserve.perf.profiles import available_profiles
+from sloserve.plan.disagg_sim import simulate_disaggregated_iterations
 from sloserve.plan.estimator import BestServeTiming, Estimator
-from sloserve.plan.optimizer import FastEvaluator, Scenario, SearchConfig, StrategyResult, evaluate
+from sloserve.plan.fast_sim import kv_transfer_time
+from sloserve.plan.optimizer import (
+    FastEvaluator,
+    Scenario,
+    SearchConfig,
+    StrategyResult,
+    average_p90,
+    evaluate,
+)
 from sloserve.plan.strategies import COLLOCATED, Strategy
 from sloserve.policies import PolicyConfig, get_spec
 
@@ -82,13 +93,15 @@ class AccurateEvaluator:
         return "real-profile" if self.timing(tp) is None else "bestserve-estimator"
 
     def p90(self, strategy: Strategy, lam: float) -> tuple[float, float]:
+        """P90 TTFT and TPOT, each averaged over the ``config.seeds`` workloads (Fig. 10b)."""
+        return average_p90([self.p90_one(sc, strategy, lam) for sc in self.fast.scenarios])
+
+    def p90_one(self, sc: Scenario, strategy: Strategy, lam: float) -> tuple[float, float]:
         from sloserve.sim.config import SimConfig
         from sloserve.sim.simulator import simulate
 
         if strategy.architecture != COLLOCATED:
-            raise ValueError(f"strategy: {strategy.name} is disaggregated; the per-iteration "
-                             "simulator has no prefill/decode split, use the fast mode")
-        sc = self.scenario
+            return self._p90_disaggregated(sc, strategy, lam)
         cfg = SimConfig(
             policy=strategy.policy, model=sc.model.name, gpu=sc.hw.name,
             instances=strategy.instances, hp_instances=strategy.hp_instances, tp=strategy.tp,
@@ -102,6 +115,23 @@ class AccurateEvaluator:
         ttft, tpot = out.get("ttft_p90"), out.get("mean_tbt_p90")
         return (float("inf") if ttft is None else float(ttft),
                 float("inf") if tpot is None else float(tpot))
+
+    def _p90_disaggregated(self, sc: Scenario, strategy: Strategy, lam: float
+                           ) -> tuple[float, float]:
+        """The first ``num_requests`` of the scenario through ``disagg_sim``."""
+        timing = self.timing(strategy.tp)
+        if timing is None:  # the real profile the collocated simulator would use
+            from sloserve.perf.ground_truth import ProfileTiming
+
+            timing = ProfileTiming(sc.model.name, sc.hw.name, seed=sc.seed, tp=strategy.tp)
+        reqs = sc.requests(lam)
+        n = min(self.num_requests, len(reqs))
+        reqs = type(reqs)(reqs.arrivals[:n], reqs.prompt_lens[:n], reqs.output_lens[:n])
+        kv = kv_transfer_time(self.fast.estimator(strategy.tp), reqs.prompt_lens)
+        lat = simulate_disaggregated_iterations(
+            timing, timing, reqs, strategy.instances, strategy.decode_instances,
+            strategy.max_batch_size, self.fast.slots(strategy), self.config.max_batch_tokens, kv)
+        return lat.p90()
 
     def policy_config(self, strategy: Strategy) -> PolicyConfig:
         """The policy's config (``policy_configs``, else its defaults) with the strategy's
@@ -124,10 +154,15 @@ class AccurateEvaluator:
 def plan_accurate(fast_results: Sequence[StrategyResult], evaluator: AccurateEvaluator,
                   top: int = 5, policies: Iterable[str] = ("vllm",),
                   token_budgets: Sequence[int] = (512, 2048)) -> list[StrategyResult]:
-    """Re-evaluate the ``top`` best collocated deployments of a fast plan (ranked
-    ``fast_results``) under each policy variant in the per-iteration simulator."""
+    """Re-evaluate the ``top`` best strategies of a fast plan (ranked ``fast_results``):
+    each collocated one under each policy variant in the per-iteration simulator, each
+    disaggregated one in the per-iteration P/D simulator."""
     if top < 1:
         raise ValueError(f"top: must be >= 1, got {top}")
-    bases = [r.strategy for r in fast_results if r.strategy.architecture == COLLOCATED][:top]
-    return [evaluator.evaluate(v) for b in bases
-            for v in policy_variants(b, policies, token_budgets)]
+    out: list[StrategyResult] = []
+    for r in fast_results[:top]:
+        b = r.strategy
+        variants = ([b] if b.architecture != COLLOCATED
+                    else policy_variants(b, policies, token_budgets))
+        out += [evaluator.evaluate(v) for v in variants]
+    return out

@@ -225,6 +225,7 @@ class Estimator:
         self.model, self.hw, self.tp = model, hw, tp
         self.config = config or EstimatorConfig()
         self._cached = lru_cache(maxsize=65536)(self._estimate_time)  # §3.3.4
+        self._decode_step = lru_cache(maxsize=65536)(self._decode_step_time)
 
     def _time(self, ops: tuple[Op, ...], eff: Efficiency) -> float:
         return sum(op_time(op, self.hw, eff, self.config) for op in ops)
@@ -275,12 +276,18 @@ class Estimator:
         when any prefill chunk is present, decode ones otherwise."""
         if shape.is_empty:
             return 0.0
+        if not shape.prefills:  # a pure decode step depends on (b, summed context) only
+            return float(self._decode_step(len(shape.decodes), sum(shape.decodes)))
         s2 = float(sum(c * (c + p) for c, p in shape.prefills))
         mods = self.modules(
             "prefill" if shape.prefills else "decode",
             float(shape.num_tokens), s2=s2, b=float(len(shape.decodes)),
             ctx=float(sum(shape.decodes)),
         )
+        return accumulate(mods, self.model.num_layers)
+
+    def _decode_step_time(self, b: int, ctx: int) -> float:
+        mods = self.modules("decode", float(b), b=float(b), ctx=float(ctx))
         return accumulate(mods, self.model.num_layers)
 
 

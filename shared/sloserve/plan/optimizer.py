@@ -53,6 +53,7 @@ class Scenario:
     trace_file: str | None = None
     fixed_lengths: tuple[int, int] | None = None
     seed: int = 0
+    length_pool: np.ndarray | None = None  # (prompt, output) pairs the lengths were drawn from
 
     def __post_init__(self) -> None:
         if not self.ttft_slo > 0:
@@ -70,19 +71,42 @@ class Scenario:
             raise ValueError(f"num_requests: must be >= 1, got {num_requests}")
         if not lengths:
             raise ValueError("lengths: need at least one (prompt, output) pair")
-        rng = np.random.default_rng(seed)
         pool = np.array(lengths, dtype=np.int64)
         pool = pool[(pool[:, 0] >= 1) & (pool[:, 1] >= 1)
                     & (pool.sum(axis=1) <= model.max_context)]
         if len(pool) == 0:
             raise ValueError(f"lengths: no request fits {model.name}'s {model.max_context}-token "
                              "context")
+        return cls._draw(model, hw, ttft_slo, tpot_slo, pool, num_requests, seed, trace,
+                         trace_file)
+
+    @classmethod
+    def _draw(cls, model: ModelShape, hw: Hardware, ttft_slo: float, tpot_slo: float,
+              pool: np.ndarray, num_requests: int, seed: int, trace: str | None,
+              trace_file: str | None) -> Scenario:
+        rng = np.random.default_rng(seed)
         pick = pool[rng.integers(len(pool), size=num_requests)]
         unit = np.cumsum(rng.exponential(1.0, size=num_requests))
         single = len(pool) == 1 and trace is None and trace_file is None
         fixed = (int(pool[0, 0]), int(pool[0, 1])) if single else None
         return cls(model, hw, ttft_slo, tpot_slo, pick[:, 0].copy(), pick[:, 1].copy(), unit,
-                   trace=trace, trace_file=trace_file, fixed_lengths=fixed, seed=seed)
+                   trace=trace, trace_file=trace_file, fixed_lengths=fixed, seed=seed,
+                   length_pool=pool)
+
+    def reseeded(self, seed: int) -> Scenario:
+        """The same scenario with arrivals (and sampled lengths) drawn from ``seed``:
+        one of Fig. 10b's repeated runs."""
+        pool = self.length_pool
+        if pool is None:
+            pool = np.stack([self.prompt_lens, self.output_lens], axis=1)
+        return Scenario._draw(self.model, self.hw, self.ttft_slo, self.tpot_slo, pool,
+                              len(self.unit_arrivals), seed, self.trace, self.trace_file)
+
+    def seed_scenarios(self, seeds: int) -> list[Scenario]:
+        """This scenario and ``seeds - 1`` reseeded copies (seeds ``seed + 1``, ...)."""
+        if seeds < 1:
+            raise ValueError(f"seeds: must be >= 1, got {seeds}")
+        return [self, *(self.reseeded(self.seed + k) for k in range(1, seeds))]
 
     def requests(self, lam: float) -> Requests:
         return Requests(self.unit_arrivals / lam, self.prompt_lens, self.output_lens)
@@ -100,7 +124,9 @@ class SearchConfig:
     lambda_lo: float = LAMBDA_LO
     upper_factor: float = UPPER_FACTOR
     rel_tol: float = 0.02  # stop when λ_u - λ_l <= rel_tol * λ_u (Alg. 8's ε, made relative)
-    max_doublings: int = 10  # λ_u grows while feasible (see ``get_goodput``)
+    extend_upper: bool = False  # not in the paper: double λ_u while feasible (``get_goodput``)
+    max_doublings: int = 10  # with ``extend_upper``: at most this many doublings
+    seeds: int = 1  # Fig. 10b: P90s averaged over this many seeded workloads per check
     tau: float = 2.5  # pseudo batch size balance (eq. 9)
     max_batch_tokens: int = 8192  # vLLM's max_num_batched_tokens for prefill batches
     seq_cap: bool = False  # vLLM admission in the collocated simulator (fast_sim)
@@ -127,26 +153,33 @@ def slo_feasible(p90_ttft: float, p90_tpot: float, ttft_slo: float, tpot_slo: fl
 
 def get_goodput(feasible: Callable[[float], bool], t_min: float, lambda_lo: float = LAMBDA_LO,
                 upper_factor: float = UPPER_FACTOR, rel_tol: float = 0.02,
-                max_doublings: int = 10) -> float:
+                extend_upper: bool = False, max_doublings: int = 10) -> float:
     """Algorithm 8: 0 if ``λ_l = 0.1`` fails, else bisect between ``λ_l`` and
-    ``λ_u = 1.2 / T_min`` until ``λ_u - λ_l <= rel_tol * λ_u``.
+    ``λ_u = 1.2 / T_min`` until ``λ_u - λ_l <= rel_tol * λ_u``; the answer never
+    exceeds ``λ_u`` (the paper: ``1/T_min`` is the optimistic serving rate).
 
-    ``1.2 / T_min`` bounds one server without batching; ``m`` batching instances
-    can go past it, so while ``λ_u`` is itself feasible it is doubled first
-    (at most ``max_doublings`` times) rather than capping the answer.
+    When ``λ_u <= λ_l`` (``T_min >= 12 s``) there is nothing to bisect and the answer is
+    ``λ_l``, as the printed algorithm returns. ``extend_upper=True`` (not in the paper;
+    ``sloserve plan --extend-upper``): ``m`` batching instances can go past one unbatched
+    server's rate, so ``λ_u`` (at least ``2 λ_l``) is doubled while it is itself feasible
+    (at most ``max_doublings`` times) before bisecting.
     """
     if not t_min > 0:
         raise ValueError(f"t_min: must be > 0, got {t_min}")
     lo = lambda_lo
     if not feasible(lo):
         return 0.0
-    hi = max(upper_factor / t_min, 2 * lo)
-    for _ in range(max_doublings):
-        if not feasible(hi):
-            break
-        lo, hi = hi, 2 * hi
-    else:
+    hi = upper_factor / t_min
+    if not extend_upper and hi <= lo:
         return lo
+    if extend_upper:
+        hi = max(hi, 2 * lo)
+        for _ in range(max_doublings):
+            if not feasible(hi):
+                break
+            lo, hi = hi, 2 * hi
+        else:
+            return lo
     while hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
         if feasible(mid):
@@ -162,6 +195,7 @@ class FastEvaluator:
     def __init__(self, scenario: Scenario, config: SearchConfig | None = None) -> None:
         self.scenario = scenario
         self.config = config or SearchConfig()
+        self.scenarios = scenario.seed_scenarios(self.config.seeds)
         self._estimators: dict[int, Estimator] = {}
 
     def estimator(self, tp: int) -> Estimator:
@@ -186,9 +220,13 @@ class FastEvaluator:
         return t
 
     def p90(self, strategy: Strategy, lam: float) -> tuple[float, float]:
+        """P90 TTFT and TPOT, each averaged over the ``config.seeds`` workloads (Fig. 10b)."""
+        return average_p90([self.p90_one(sc, strategy, lam) for sc in self.scenarios])
+
+    def p90_one(self, scenario: Scenario, strategy: Strategy, lam: float) -> tuple[float, float]:
         cfg, est = self.config, self.estimator(strategy.tp)
-        reqs = self.scenario.requests(lam)
-        rng = np.random.default_rng(self.scenario.seed)
+        reqs = scenario.requests(lam)
+        rng = np.random.default_rng(scenario.seed)
         if strategy.architecture == DISAGGREGATED:
             lat = simulate_disaggregated(est, est, reqs, strategy.instances,
                                          strategy.decode_instances, strategy.max_batch_size,
@@ -204,6 +242,13 @@ class FastEvaluator:
         return ttft, tpot
 
 
+def average_p90(runs: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Fig. 10b: the mean of each P90 over repeated runs (``inf`` if any run is infeasible)."""
+    if not runs:
+        raise ValueError("runs: need at least one (p90_ttft, p90_tpot)")
+    return (float(np.mean([r[0] for r in runs])), float(np.mean([r[1] for r in runs])))
+
+
 def evaluate(strategy: Strategy, p90: Callable[[Strategy, float], tuple[float, float]],
              t_min: float, scenario: Scenario, config: SearchConfig, mode: str) -> StrategyResult:
     """Algorithm 8 with Algorithm 9 as the check, counting simulator runs."""
@@ -216,7 +261,7 @@ def evaluate(strategy: Strategy, p90: Callable[[Strategy, float], tuple[float, f
         return slo_feasible(ttft, tpot, scenario.ttft_slo, scenario.tpot_slo, config.relaxation)
 
     goodput = get_goodput(feasible, t_min, config.lambda_lo, config.upper_factor,
-                          config.rel_tol, config.max_doublings)
+                          config.rel_tol, config.extend_upper, config.max_doublings)
     return StrategyResult(strategy, goodput, calls, mode)
 
 

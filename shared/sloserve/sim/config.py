@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sloserve.admission import Admission
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
@@ -43,6 +44,7 @@ class SimConfig:
     # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
     prefix_caching: bool = True
     prefix_routing: bool = False  # route by cached prefix within a load bound (routing_prefix)
+    admission: Admission | None = None  # admission control at arrival (None: queue everything)
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from sloserve.admission import for_deployment, refusal
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
@@ -118,6 +119,8 @@ class Simulation:
             prefix_router=router)
         self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
+        self.admission = (None if cfg.admission is None
+                          else for_deployment(cfg.admission, cfg.hp_instances))
         self.events = EventQueue()
         self.requests = {r.request_id: r for r in self.workload.requests}
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
@@ -154,6 +157,12 @@ class Simulation:
         req = self.requests[action.request_id]
         if isinstance(action, Dispatch):
             k = self.index[action.instance_id]
+            limits = self.admission
+            if (limits is not None and action.cause in ("route", "ticket")
+                    and refusal(self.instances[k], req, now, limits) is not None):
+                for a in self.controller.on_scheduled(action.instance_id, [], [req], now):
+                    self._carry_out(a, now)  # refused at the door: a drop, as live
+                return
             self.instances[k].add_request(req, now)
             self._kick(k, now)
         else:

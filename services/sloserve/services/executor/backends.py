@@ -112,6 +112,8 @@ class SimBackend:
         from sloserve.perf.sweep import profile_sweep
 
         samples: list[BatchSample] = profile_sweep(self.timing, self.shape, seed=self.seed)
+        if self.time_scale != 1.0:  # what this executor's batches really take (as ``execute``)
+            samples = [BatchSample(s.shape, s.duration * self.time_scale) for s in samples]
         return samples
 
 

@@ -27,8 +27,9 @@ from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
-from sloserve.services import obs, rpc
+from sloserve.services import auth, obs, rpc
 from sloserve.services.convert import request_of
+from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
@@ -60,6 +61,7 @@ class Flight:
     req: Request  # what the controller sees
     events: asyncio.Queue[Event]
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
+    owner: str = ""  # the API key's id that created it ("" with auth off)
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -82,14 +84,20 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.tokenizer.vocab_size, inputs or InputLimits(),
         )
         self.flights: dict[str, Flight] = {}
+        self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
             iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
             for iid, addr in addresses.items()
         }
+        self.watches = {iid: HealthWatch(iid, addr, self.on_health)
+                        for iid, addr in addresses.items()}
 
     # --- carrying out the controller's decisions ---------------------------------
-    def _carry_out(self, actions: Iterable[Action], now: float) -> None:
+    def _carry_out(self, actions: Iterable[Action], now: float,
+                   reasons: dict[str, str] | None = None) -> None:
+        """``reasons``: what the scheduler said about requests it dropped (an admission
+        refusal names its limit); the controller's reason otherwise."""
         for action in actions:
             if self.decision_log is not None:
                 self.decision_log.write(json.dumps(action_record(action)) + "\n")
@@ -106,7 +114,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                     self.log.info(action.cause, request=action.request_id,
                                   dst=action.instance_id)
             else:
-                f.events.put_nowait(action)
+                why = (reasons or {}).get(action.request_id)
+                f.events.put_nowait(Drop(action.request_id, why) if why else action)
 
     def _located(self, request_id: str, instance_id: str) -> Flight | None:
         """The flight, if ``instance_id`` is where the controller put it (else stale news)."""
@@ -131,16 +140,32 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.ctl.on_tokens(fresh)
         if out.offloaded or out.dropped:
             offloaded = [f.req for r in out.offloaded if (f := self._located(r, instance_id))]
-            dropped = []
-            for d in out.dropped:
-                if (f := self._located(d.request_id, instance_id)) is not None:
-                    f.req.drop_reason = d.reason or None  # the policy's reason, if it gave one
-                    dropped.append(f.req)
-            self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now)
+            dropped = [f.req for d in out.dropped
+                       if (f := self._located(d.request_id, instance_id))]
+            reasons = {d.request_id: d.reason for d in out.dropped if d.reason}
+            self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now,
+                            reasons)
         if out.HasField("state"):
             s = out.state
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
+
+    def on_health(self, instance_id: str, serving: bool) -> None:
+        """An instance turned unhealthy (its executor is dead or hung, or its scheduler
+        is unreachable) or healthy again: the controller decides; re-runs are carried
+        out and the moved requests cancelled on the lost instance."""
+        now = time.time()
+        if serving:
+            self.ctl.on_instance_back(instance_id, now)
+            self.log.info("instance_back", instance=instance_id, at=now)
+            return
+        actions = self.ctl.on_instance_lost(instance_id, now)
+        self.log.warning("instance_lost", instance=instance_id, at=now,
+                         rerun=sum(isinstance(a, Dispatch) for a in actions))
+        for a in actions:
+            if isinstance(a, Dispatch):
+                self.links[instance_id].cancel(a.request_id)
+        self._carry_out(actions, now)
 
     async def Generate(
         self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -156,7 +181,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         except InvalidInput as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         rid = spec.request_id
-        f = Flight(spec, request_of(spec), asyncio.Queue())
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=self._owner(context))
         self.flights[rid] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -205,6 +230,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
             return await asyncio.to_thread(self.tokenizer.encode, prompt)
         return self.tokenizer.encode(prompt)
 
+    def _owner(self, context: grpc.aio.ServicerContext) -> str:
+        """Who is calling: the id of the call's API key; "" with auth off (no identity:
+        anyone may cancel anything, as before keys)."""
+        if not self.auth_on:
+            return ""
+        key = auth.bearer(context.invocation_metadata())
+        return "" if key is None else auth.key_id(key)
+
     def _arrival_time(self, context: grpc.aio.ServicerContext) -> float:
         """Now; with a virtual clock, the time the conductor stamped on the call."""
         if self.virtual_clock:
@@ -217,6 +250,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelResponse:
         f = self.flights.get(request.request_id)
+        if f is not None and f.owner != self._owner(context):
+            f = None  # another key's request: as if unknown (no oracle of others' ids)
         if f is not None:
             f.events.put_nowait(None)
         return gateway_pb2.CancelResponse(found=f is not None)
@@ -265,6 +300,7 @@ def parse_schedulers(values: list[str]) -> dict[str, str]:
 
 
 async def serve(args: argparse.Namespace) -> None:
+    keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
@@ -278,13 +314,22 @@ async def serve(args: argparse.Namespace) -> None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
+    svc.auth_on = bool(keys)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
-        max_receive_bytes=inputs.max_message_bytes, interceptors=[MalformedRequests()],
+        max_receive_bytes=inputs.max_message_bytes, internal=False,
+        interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
+                      MalformedRequests()],
     )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
+    tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
+    if keys:
+        svc.log.info("api_keys", count=len(keys))
+    else:
+        svc.log.warning("auth_off", reason=f"no API keys (${auth.API_KEYS_ENV} or "
+                        "--api-key-file): every client is served")
     svc.log.info("serving", port=args.port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks)
 
@@ -298,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--decision-log", default=None,
                    help="append the controller's decisions to this file as JSON lines")
+    p.add_argument("--api-key-file", default=None,
+                   help=f"API keys, one per line (also ${auth.API_KEYS_ENV}); none: auth off")
     InputLimits.add_flags(p)
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help=f"virtual: arrival times come from the {ARRIVAL_METADATA} metadata "

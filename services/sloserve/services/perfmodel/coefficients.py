@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -35,7 +36,15 @@ class Published:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Published:
-        return cls(**json.loads(raw))
+        """Parse and check a published fit (``ValueError`` naming the field if it is not)."""
+        obj = json.loads(raw)
+        if not isinstance(obj, dict):
+            raise ValueError("coefficients: not a JSON object")
+        p = cls(**obj)
+        if not isinstance(p.values, list) or not all(
+                isinstance(v, (int, float)) and math.isfinite(v) for v in p.values):
+            raise ValueError("coefficients: values must be a list of finite numbers")
+        return p
 
     def to_proto(self) -> perfmodel_pb2.Coefficients:
         return perfmodel_pb2.Coefficients(**asdict(self))
@@ -61,12 +70,18 @@ async def follow(
 ) -> asyncio.Task[None]:
     """Apply the current coefficients (waiting up to ``wait_s`` for a first fit, or for
     Redis), then keep applying every update in a background task, which is returned.
-    The task never ends on a Redis error: it resubscribes with backoff."""
+    The task never ends on a Redis error: it resubscribes with backoff. A message (or
+    value) that is not a valid fit is logged and skipped."""
     outage = outage or Outage("coefficients")
     applied = asyncio.Event()
 
     def take(raw: bytes | str) -> None:
-        apply(Published.from_json(raw))
+        try:  # anyone who can PUBLISH may send anything: a bad message is skipped
+            apply(Published.from_json(raw))
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            outage.log.warning("coefficients_malformed", key=key, size=len(raw),
+                               error=f"{type(exc).__name__}: {exc}"[:200])
+            return
         applied.set()
 
     async def follow_once() -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -101,7 +102,14 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
             for _stream, entries in streams:
                 for entry_id, fields in entries:
                     last_id = entry_id
-                    sample = samples.decode(fields)
+                    try:  # anyone who can XADD may write anything: a bad entry is skipped
+                        sample = samples.decode(fields)
+                        if not (math.isfinite(sample.duration) and sample.duration > 0):
+                            raise ValueError(f"t: not a positive duration: {sample.duration}")
+                    except (KeyError, ValueError, TypeError) as exc:
+                        self.log.warning("sample_malformed", id=str(entry_id),
+                                         error=f"{type(exc).__name__}: {exc}"[:200])
+                        continue
                     self.reg.observe(sample)
                     self.window.append(sample)
                     fresh += 1

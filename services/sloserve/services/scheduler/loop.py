@@ -7,11 +7,20 @@ state go up to the gateway, held with the Redis flush until ``HOLD_S`` after
 the next plan has left (off its hop). An empty plan leaves the instance idle
 until the next submission or cancel wakes it — the simulator's rule, so both
 drivers ask the policy at the same moments.
+
+Each result must be back by the batch's hang deadline (``sloserve.health``:
+factor x the calibrated predicted batch time + slack); a result that is late,
+or a broken stream, means the executor is lost: the scheduler turns NOT_SERVING
+(the gateway stops routing to it and re-runs its requests elsewhere), puts its
+running requests back to recompute, waits for the executor to answer again
+(it resumed, or was restarted) and turns SERVING on a fresh stream.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import grpc
 from prometheus_client import Gauge, Histogram
@@ -76,58 +85,116 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     svc.send(out)
 
 
+class ExecutorLost(Exception):
+    """The executor died (its stream broke) or hung (no result by the batch's deadline)."""
+
+    def __init__(self, reason: str, predicted_s: float = 0.0, deadline_s: float = 0.0) -> None:
+        super().__init__(reason)
+        self.predicted_s, self.deadline_s = predicted_s, deadline_s
+
+
+async def _read(
+    call: Any, deadline_s: float, predicted_s: float
+) -> executor_pb2.IterationResult:
+    """The plan's result, or :class:`ExecutorLost` once ``deadline_s`` has passed."""
+    try:
+        res = await asyncio.wait_for(call.read(), deadline_s)
+    except TimeoutError:
+        raise ExecutorLost(f"hung: no result {deadline_s:.3f}s after the plan left "
+                           f"(predicted {predicted_s:.3f}s)", predicted_s, deadline_s) from None
+    except grpc.aio.AioRpcError as exc:
+        raise ExecutorLost(f"dead: the Execute stream broke ({exc.code().name})") from None
+    if res is grpc.aio.EOF:
+        raise ExecutorLost("dead: the Execute stream ended")
+    result: executor_pb2.IterationResult = res
+    return result
+
+
 async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> None:
+    """Iterate for ever; a lost executor (dead or hung) is reported (health NOT_SERVING,
+    its requests back to the queue to recompute) and waited for, then work resumes."""
     # after a restart, run nothing until the gateway's Hello: it says which restored
     # requests are still wanted, and tokens made before then could not be delivered
     await svc.synced.wait()
-    call = executor.Execute()
+    while True:
+        call = executor.Execute()
+        try:
+            await _iterate(svc, call)
+        except ExecutorLost as exc:
+            call.cancel()
+            await svc.executor_lost(str(exc), exc.predicted_s, exc.deadline_s)
+            await _until_back(svc, executor)
+            await svc.executor_back()
+
+
+async def _until_back(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> None:
+    """Ask the executor to describe itself until it answers (it restarted or resumed)."""
+    delay = 0.05
+    while True:
+        try:
+            await executor.Describe(executor_pb2.DescribeRequest(), timeout=1.0)
+            return
+        except grpc.aio.AioRpcError:
+            await asyncio.sleep(delay)
+            delay = min(1.0, delay * 2)
+
+
+async def _iterate(svc: SchedulerService, call: Any) -> None:
     inst, clock = svc.instance, svc.clock
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
     prev_recv: float | None = None  # end of the previous busy iteration
     report: Report | None = None
-    while True:
-        now = clock.now()
-        plan, out = _decide(svc, now)
-        if plan is None:  # idle until a submission or cancel wakes us
-            svc.unhold()
-            _flush(svc, report)
+    try:
+        while True:
+            now = clock.now()
+            plan, out = _decide(svc, now)
+            if plan is None:  # idle until a submission or cancel wakes us
+                svc.unhold()
+                _flush(svc, report)
+                report = None
+                out.state.CopyFrom(state_to_proto(inst, now))
+                svc.send(out)
+                svc.store.kick(time.perf_counter(), interval=0.0)
+                prev_recv = None
+                svc.wake.clear()
+                svc.waiting_for_wake = True
+                await svc.wake.wait()
+                svc.waiting_for_wake = False
+                continue
+            svc.iterations += 1
+            freed, svc.freed = svc.freed, []
+            msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
+                                block_tables=svc.executor.backend != "sim")
+            try:
+                await call.write(msg)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
+            predicted = inst.perf_model.predict(plan.shape())  # off the plan's hop
+            svc.hold()
+            if out.offloaded or out.dropped:
+                svc.send(out)  # decided with this plan
+            _flush(svc, report)  # the previous batch's tokens, off the critical path
             report = None
-            out.state.CopyFrom(state_to_proto(inst, now))
-            svc.send(out)
-            svc.store.kick(time.perf_counter(), interval=0.0)
-            prev_recv = None
-            svc.wake.clear()
-            svc.waiting_for_wake = True
-            await svc.wake.wait()
-            svc.waiting_for_wake = False
-            continue
-        svc.iterations += 1
-        freed, svc.freed = svc.freed, []
-        msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
-                            block_tables=svc.executor.backend != "sim")
-        await call.write(msg)
-        svc.hold()
-        if out.offloaded or out.dropped:
-            svc.send(out)  # decided with this plan
-        _flush(svc, report)  # the previous batch's tokens, off the critical path
-        res: executor_pb2.IterationResult = await call.read()
-        if res is grpc.aio.EOF:
-            raise ConnectionError("executor: the Execute stream ended")
-        t_recv = time.perf_counter()
-        end = clock.batch_end(now, res.duration_s)
-        sampled = {t.request_id: t.token_id for t in res.tokens}
-        events = inst.complete(plan, end, res.stopped, sampled)
-        report_out = svc.output()
-        tokens_to_proto(events, res.stopped, report_out)
-        report_out.state.CopyFrom(state_to_proto(inst, end))
-        report = (report_out, events)
-        m_iter.observe(res.duration_s)
-        m_wait.set(len(inst.waiting))
-        m_run.set(len(inst.running))
-        if prev_recv is not None:
-            over = t_recv - prev_recv - res.duration_s
-            svc.overhead.append(over)
-            m_over.observe(over)
-        prev_recv = t_recv
+            res = await _read(call, svc.hang.deadline(predicted), predicted)
+            svc.hang.observe(predicted, res.duration_s)
+            t_recv = time.perf_counter()
+            end = clock.batch_end(now, res.duration_s)
+            sampled = {t.request_id: t.token_id for t in res.tokens}
+            events = inst.complete(plan, end, res.stopped, sampled)
+            report_out = svc.output()
+            tokens_to_proto(events, res.stopped, report_out)
+            report_out.state.CopyFrom(state_to_proto(inst, end))
+            report = (report_out, events)
+            m_iter.observe(res.duration_s)
+            m_wait.set(len(inst.waiting))
+            m_run.set(len(inst.running))
+            if prev_recv is not None:
+                over = t_recv - prev_recv - res.duration_s
+                svc.overhead.append(over)
+                m_over.observe(over)
+            prev_recv = t_recv
+    finally:
+        svc.unhold()
+        _flush(svc, report)  # tokens the executor made before it was lost are real

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import gc
 
+from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission, for_deployment
+from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PrefixCachingBlockManager
@@ -37,6 +39,8 @@ async def _describe(
 
 async def serve(args: argparse.Namespace) -> None:
     policy = policy_from_args(args)  # a bad knob fails before any connection
+    admission = admission_from_args(args)
+    hang = hang_from_args(args)
     redis = connect(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
@@ -52,7 +56,8 @@ async def serve(args: argparse.Namespace) -> None:
     )
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log)
+    svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log,
+                           admission, hang)
     store.live, store.outage.log = svc.live_requests, svc.log
 
     def apply(c: Published) -> None:
@@ -64,7 +69,7 @@ async def serve(args: argparse.Namespace) -> None:
         tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait,
                                   outage=Outage("coefficients", svc.log)))
     svc.restore(await store.outage.until_ok(store.restore))  # waits for Redis: never guess
-    server, _ = await rpc.start_server(
+    server, svc.health = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["scheduler"],
         lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
     )
@@ -102,9 +107,45 @@ def build_parser() -> argparse.ArgumentParser:
                    help="append every batch plan to this file as JSON lines")
     p.add_argument("--prefix-caching", action="store_true",
                    help="share cached prompt-prefix KV blocks between requests (vLLM's "
-                        "automatic prefix caching; torch and sim executors)")
+                        "automatic prefix caching; torch, vllm and sim executors)")
+    p.add_argument("--max-queued-requests", type=int, default=MAX_QUEUED_REQUESTS,
+                   help="admission: refuse a new request when this many wait for their first "
+                        "token here (0: no bound)")
+    p.add_argument("--max-queued-tokens", type=int, default=MAX_QUEUED_TOKENS,
+                   help="admission: refuse a new request whose prompt would take the prefill "
+                        "tokens queued here past this (0: no bound)")
+    p.add_argument("--shed-late", action=argparse.BooleanOptionalAction, default=True,
+                   help="admission: refuse a new request the perf model predicts will miss "
+                        "its TTFT SLO (queue ahead + own prefill)")
+    p.add_argument("--no-admission", action="store_true",
+                   help="queue every request (no bound, no shedding)")
+    p.add_argument("--hang-factor", type=float, default=HANG_FACTOR,
+                   help="a batch not back by factor x its predicted time + --hang-slack is a hang")
+    p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
+                   help="seconds added to every batch's hang deadline")
     add_policy_flags(p)
     return p
+
+
+def admission_from_args(args: argparse.Namespace) -> Admission | None:
+    """The admission limits the flags ask for (``None``: ``--no-admission``)."""
+    if args.no_admission:
+        return None
+    try:
+        limits = Admission(args.max_queued_requests, args.max_queued_tokens, args.shed_late)
+    except ValueError as exc:
+        raise ValueError(f"--{str(exc).replace('_', '-')}") from None
+    return for_deployment(limits, args.num_hp)
+
+
+def hang_from_args(args: argparse.Namespace) -> HangDeadline:
+    """The hang deadline the flags ask for; a bad value names its flag."""
+    try:
+        return HangDeadline(args.hang_factor, args.hang_slack)
+    except ValueError as exc:
+        msg = str(exc).replace("hang_slack_s", "--hang-slack").replace("hang_factor",
+                                                                       "--hang-factor")
+        raise ValueError(msg) from None
 
 
 def policy_from_args(args: argparse.Namespace) -> Policy:

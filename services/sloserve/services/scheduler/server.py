@@ -25,13 +25,22 @@ from typing import IO
 
 import grpc
 import numpy as np
+from grpc_health.v1 import health, health_pb2
 
+from sloserve.admission import Admission, refusal
+from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
 from sloserve.services import obs
 from sloserve.services.convert import request_of, state_to_proto
 from sloserve.services.perfmodel.coefficients import Published
-from sloserve.services.proto import common_pb2, executor_pb2, scheduler_grpc, scheduler_pb2
+from sloserve.services.proto import (
+    SERVICE_NAMES,
+    common_pb2,
+    executor_pb2,
+    scheduler_grpc,
+    scheduler_pb2,
+)
 from sloserve.services.scheduler.clock import Clock
 from sloserve.services.scheduler.state import RequestStore
 
@@ -43,10 +52,14 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
     def __init__(
         self, instance: Instance, store: RequestStore, policy: str,
         executor: executor_pb2.ExecutorDescription, clock: Clock,
-        decision_log: IO[str] | None = None,
+        decision_log: IO[str] | None = None, admission: Admission | None = None,
+        hang: HangDeadline | None = None,
     ) -> None:
         self.instance, self.store, self.policy_name, self.executor = (
             instance, store, policy, executor)
+        self.admission = admission  # None: every submission is queued
+        self.hang = hang or HangDeadline()
+        self.health: health.aio.HealthServicer | None = None  # set once serving
         self.clock, self.decision_log = clock, decision_log
         self.specs: dict[str, common_pb2.RequestSpec] = {}  # wire input of each request
         self.freed: list[str] = []  # released since the last plan (the executor forgets them)
@@ -63,8 +76,11 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.log = obs.setup_logging("scheduler").bind(instance=instance.instance_id)
 
     # --- requests ---------------------------------------------------------------
-    def admit(self, spec: common_pb2.RequestSpec, persist: bool = True) -> None:
-        """A submission: resume it if known, else add it to the instance."""
+    def admit(self, spec: common_pb2.RequestSpec, persist: bool = True,
+              fresh: bool = False) -> None:
+        """A submission: resume it if known, else add it to the instance. A ``fresh``
+        one (a first placement, not a re-run, offload or re-announcement) may be
+        refused by admission control (``sloserve.admission``): a drop with the reason."""
         rid = spec.request_id
         now = self.clock.at_event(spec.dispatch_time or spec.arrival_time)
         req = self.instance.requests.get(rid)
@@ -80,7 +96,12 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         try:
             kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
             unit = kv.block_size if kv.prefix_caching else None
-            self.instance.add_request(request_of(spec, hash_unit=unit), now)
+            req = request_of(spec, hash_unit=unit)
+            if (fresh and self.admission is not None and not spec.generated_token_ids
+                    and spec.num_offloads == 0 and spec.dispatch_time == spec.arrival_time
+                    and (why := refusal(self.instance, req, now, self.admission))):
+                raise ValueError(why)
+            self.instance.add_request(req, now)
         except ValueError as exc:
             self.send(scheduler_pb2.SchedulerOutput(
                 dropped=[scheduler_pb2.Drop(request_id=rid, reason=str(exc))]))
@@ -121,6 +142,35 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if not self.specs:
             self.synced.set()
         self.log.info("restored", requests=len(self.specs))
+
+    # --- executor health ------------------------------------------------------------
+    async def _set_health(self, serving: bool) -> None:
+        if self.health is not None:
+            status = (health_pb2.HealthCheckResponse.SERVING if serving
+                      else health_pb2.HealthCheckResponse.NOT_SERVING)
+            # the service's own status is readiness (the gateway routes by it); the
+            # server's ("") stays liveness: a supervisor must not restart a scheduler
+            # whose executor is the one that is down
+            await self.health.set(SERVICE_NAMES["scheduler"], status)
+
+    async def executor_lost(self, reason: str, predicted_s: float = 0.0,
+                            deadline_s: float = 0.0) -> None:
+        """NOT_SERVING (the gateway re-runs our requests elsewhere and cancels them
+        here); what ran on the executor is gone: every running request recomputes."""
+        if deadline_s > 0:
+            self.hang.widen()  # a slow executor is not lost again and again
+        moved = self.instance.preempt_all()
+        self.freed = []  # the executor's next stream starts empty
+        await self._set_health(False)
+        self.send(self.output(state=True))
+        self.log.warning("executor_lost", reason=reason, requests=len(self.specs),
+                         preempted=len(moved), predicted_s=predicted_s, deadline_s=deadline_s,
+                         at=time.time())
+
+    async def executor_back(self) -> None:
+        await self._set_health(True)
+        self.wake.set()
+        self.log.info("executor_back", requests=len(self.specs), at=time.time())
 
     def record(self, entry: dict[str, object]) -> None:
         """A decision for ``--decision-log`` (protocol tests compare it with the simulator)."""
@@ -170,7 +220,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             async for msg in it:
                 kind = msg.WhichOneof("kind")
                 if kind == "submit":
-                    self.admit(msg.submit)
+                    self.admit(msg.submit, fresh=True)
                 elif kind == "cancel":
                     self.cancel(msg.cancel)
         finally:

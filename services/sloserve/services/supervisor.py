@@ -1,0 +1,164 @@
+"""The supervisor of ``sloserve up``: restarts a dead or unhealthy service, alone.
+
+One watcher thread per service, so a restart (which may wait a minute for a vLLM
+executor to load) never delays another's. Every ``interval`` a watcher checks its
+service: the process must be alive and its gRPC health service must answer
+SERVING on a *fresh* channel (a channel kept across a restart may sit in gRPC's
+reconnect backoff and report the old failure long after the new process is up).
+
+* process exited → restarted at once;
+* alive but not SERVING (hung, SIGSTOPped, draining for ever) for
+  ``unhealthy_s`` → SIGKILLed and restarted (as a Kubernetes liveness probe);
+* a (re)started service gets ``start_s`` to report SERVING before it counts as
+  unhealthy;
+* consecutive restarts of one service back off exponentially (``backoff_base_s``
+  doubling to ``backoff_cap_s``); a service SERVING for ``stable_s`` starts over.
+
+The other services keep running (their PIDs do not change): the gateway's
+scheduler links and the schedulers' executor links reconnect by themselves.
+Nothing here ever stops the stack: only the caller does (SIGINT/SIGTERM in ``up``).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from sloserve.services.stack import Stack
+
+CHECK_TIMEOUT_S = 1.0
+
+
+def healthy(address: str, service: str, timeout: float = CHECK_TIMEOUT_S) -> bool:
+    """One health check on a fresh channel: SERVING within ``timeout``."""
+    try:
+        with grpc.insecure_channel(address) as ch:
+            resp = health_pb2_grpc.HealthStub(ch).Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=timeout)
+            return bool(resp.status == health_pb2.HealthCheckResponse.SERVING)
+    except grpc.RpcError:
+        return False
+
+
+@dataclass(slots=True)
+class Restart:
+    """One recovery: why, when the failure was seen, when the service was SERVING again."""
+
+    service: str
+    reason: str  # "exited (code N)" or "unhealthy for N s"
+    attempt: int  # consecutive restarts of this service, 1 = first
+    detected_at: float  # time.time()
+    spawned_at: float = 0.0
+    serving_at: float | None = None  # None: not (yet) SERVING again
+    pid: int = 0
+
+    @property
+    def recover_s(self) -> float | None:
+        return None if self.serving_at is None else self.serving_at - self.detected_at
+
+
+@dataclass(slots=True)
+class Policy:
+    interval: float = 0.5
+    unhealthy_s: float = 5.0
+    start_s: float = 60.0
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    stable_s: float = 60.0
+
+
+@dataclass(slots=True)
+class _Watch:
+    name: str
+    attempts: int = 0  # consecutive restarts
+    failing_since: float | None = None  # monotonic: first failed check of this run
+    started: float = field(default_factory=time.monotonic)
+    serving_since: float | None = None
+    pending: Restart | None = None  # waiting for SERVING
+
+
+class Supervisor:
+    """Watches every service of a started :class:`Stack` until :meth:`stop`."""
+
+    def __init__(self, stack: Stack, policy: Policy | None = None,
+                 say: Callable[[str], None] | None = None) -> None:
+        self.stack, self.policy = stack, policy or Policy()
+        self.say = say or (lambda line: print(line, flush=True))
+        self.restarts: list[Restart] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._watch, args=(name,),
+                                          name=f"supervise-{name}", daemon=True)
+                         for name in stack.services]
+
+    def start(self) -> Supervisor:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=10)
+
+    def _log(self, msg: str) -> None:
+        with self._lock:
+            self.say(f"supervisor: {msg}")
+
+    def _watch(self, name: str) -> None:
+        p, w = self.policy, _Watch(name)
+        svc = self.stack.services[name]
+        while not self._stop.wait(p.interval):
+            proc = svc.proc
+            now = time.monotonic()
+            if proc is None or proc.poll() is not None:
+                code = None if proc is None else proc.returncode
+                self._restart(w, f"exited (code {code})")
+                continue
+            if healthy(svc.address, svc.health):
+                w.failing_since = None
+                if w.serving_since is None:
+                    w.serving_since = now
+                if w.pending is not None:
+                    w.pending.serving_at = time.time()
+                    self._log(f"{name} SERVING again (pid {proc.pid}) "
+                              f"{w.pending.recover_s:.2f} s after the failure was seen")
+                    w.pending = None
+                if now - w.serving_since >= p.stable_s:
+                    w.attempts = 0
+                continue
+            w.serving_since = None
+            if w.pending is not None and now - w.started < p.start_s:
+                continue  # still starting
+            if w.failing_since is None:
+                w.failing_since = now
+            elif now - w.failing_since >= p.unhealthy_s:
+                self._restart(w, f"unhealthy for {now - w.failing_since:.1f} s")
+
+    def _restart(self, w: _Watch, reason: str) -> None:
+        p = self.policy
+        w.attempts += 1
+        r = Restart(w.name, reason, w.attempts, time.time())
+        delay = 0.0 if w.attempts == 1 else min(
+            p.backoff_cap_s, p.backoff_base_s * 2 ** (w.attempts - 2))
+        self._log(f"{w.name} {reason}; restarting (attempt {w.attempts}"
+                  f"{f', in {delay:.1f} s' if delay else ''})")
+        if delay and self._stop.wait(delay):
+            return
+        svc = self.stack.services[w.name]
+        if svc.proc is not None and svc.proc.poll() is None:
+            svc.proc.send_signal(signal.SIGKILL)  # hung: SIGTERM may never be handled
+            svc.proc.wait(timeout=10)
+        self.stack.spawn(w.name)
+        assert svc.proc is not None
+        r.spawned_at, r.pid = time.time(), svc.proc.pid
+        with self._lock:
+            self.restarts.append(r)
+        w.pending, w.started = r, time.monotonic()
+        w.failing_since = w.serving_since = None
