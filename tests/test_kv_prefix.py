@@ -85,8 +85,8 @@ def test_sharing_never_breaks_reference_counts_or_frees_a_held_block(
             table = kv.block_table(rid)
             assert [kv._hash_of[b] for b in table[:hit // BS]] == (
                 unit_block_hashes(r.hash_ids or (), BS, hit // BS)), "a hit reuses other content"
-            for b, h in evict_before.items():  # eviction took only unreferenced blocks
-                assert kv._hash_of[b] == h
+            for b, held in evict_before.items():  # eviction took only unreferenced blocks
+                assert kv._hash_of[b] == held
             reqs[rid], tokens[rid] = waiting.pop(rid), r.prompt_len
         elif op == "grow" and rid in reqs:
             total = min(tokens[rid] + length // 8 + 1, reqs[rid].prompt_len + 64)

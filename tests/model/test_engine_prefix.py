@@ -29,7 +29,7 @@ def run(engine: TorchEngine, kv: PrefixCachingBlockManager, r: Request, tokens: 
     hit = kv.acquire(r) if use_cache else 0
     if hit:
         engine.start_from_cache(r.request_id, hit)
-    done, total, out = hit, len(tokens), []
+    done, total, out = hit, len(tokens), list[int]()
     while len(out) < GREEDY.max_tokens:
         n = total - done
         kv.allocate(r.request_id, done + n)

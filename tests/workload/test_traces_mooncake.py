@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ ROWS = [
 ]
 
 
-def write(tmp_path: Path, rows: list[object], name: str = "mooncake.jsonl") -> Path:
+def write(tmp_path: Path, rows: Sequence[object], name: str = "mooncake.jsonl") -> Path:
     path = tmp_path / name
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
