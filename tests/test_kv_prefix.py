@@ -188,3 +188,8 @@ def test_a_waiting_requests_hit_shrinks_when_its_blocks_are_evicted() -> None:
     kv.free("c")
     admit(kv, make("a2", 2 * BS + 1, ids=(1,)), 2 * BS + 1)
     assert kv.lookup(w) == 2 * BS  # cached again: the memo follows the cache up too
+
+
+def test_a_request_with_a_bad_hash_unit_is_rejected_naming_it() -> None:
+    with pytest.raises(ValueError, match="hash_unit"):
+        Request("r", 0.0, 10, 2, hash_ids=(1,), hash_unit=0)

@@ -77,6 +77,8 @@ class Request:
             raise ValueError(f"prompt_len: must be >= 1, got {self.prompt_len}")
         if self.output_len < 1:
             raise ValueError(f"output_len (max_tokens): must be >= 1, got {self.output_len}")
+        if self.hash_unit < 1:
+            raise ValueError(f"hash_unit: must be >= 1 tokens per hash id, got {self.hash_unit}")
 
     # --- progress -------------------------------------------------------
     @property
