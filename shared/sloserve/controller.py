@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from sloserve.request import Request
+from sloserve.routing_prefix import PrefixRouter
 
 DROP_BY_POLICY = "dropped by the policy under overload (Ascendra §6.3)"
 DROP_NO_HP = "offloaded with no healthy HP instance to take it"
@@ -85,9 +86,11 @@ class Controller:
 
     def __init__(
         self, instances: Sequence[tuple[str, str]], *, ticket_entry: bool = True,
-        record: bool = False,
+        record: bool = False, prefix_router: PrefixRouter | None = None,
     ) -> None:
-        """``instances``: ``(instance_id, role)`` pairs, role ``"lp"`` or ``"hp"``."""
+        """``instances``: ``(instance_id, role)`` pairs, role ``"lp"`` or ``"hp"``;
+        ``prefix_router``: new requests with a prefix identity go where their prefix is
+        cached, within a load bound (``sloserve.routing_prefix``), instead of round-robin."""
         ids = [i for i, _ in instances]
         if not ids:
             raise ValueError("instances: at least one instance is required")
@@ -109,6 +112,7 @@ class Controller:
         self._next_hp = 0
         self._next_offload = 0
         self.decisions: list[Action] | None = [] if record else None
+        self.prefix_router = prefix_router
 
     # --- queries ------------------------------------------------------------------
     def has_ticket(self, hp_id: str) -> bool:
@@ -134,8 +138,11 @@ class Controller:
             pool = [i for i in self.hp if i in self.healthy]  # every LP lost: HP serves all
         if not pool:
             return self._drop(req.request_id, DROP_NO_INSTANCE)
-        target = pool[self._next_new % len(pool)]
-        self._next_new += 1
+        if self.prefix_router is not None and req.hash_ids is not None:
+            target = self.prefix_router.choose(req, pool, self.waiting_prefills)
+        else:
+            target = pool[self._next_new % len(pool)]
+            self._next_new += 1
         return self._dispatch(req.request_id, target, "route")
 
     def on_scheduled(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan
 from sloserve.kv import BlockManager
+from sloserve.kv_prefix import PrefixCachingBlockManager
 from sloserve.perf.base import PerfModel
 from sloserve.policies.base import InstanceView, Policy
 from sloserve.request import Request, RequestStatus
@@ -77,7 +78,18 @@ class Instance:
             req.origin_instance = self.instance_id
         self.requests[req.request_id] = req
         self.waiting.append(req)
+        if self.kv.prefix_caching:
+            self._look_up_prefixes((req,))
         self.policy.on_arrival(req, now)
+
+    def _look_up_prefixes(self, waiting: Iterable[Request]) -> None:
+        """Prefix caching: a waiting request starts at its first uncached token (vLLM
+        ``get_computed_blocks``); the hit is looked up, not held, until admission."""
+        kv = self.kv
+        assert isinstance(kv, PrefixCachingBlockManager)
+        for req in waiting:
+            if req.hash_ids is not None:
+                req.num_computed = req.num_cached = kv.lookup(req)
 
     def _detach(self, req: Request) -> None:
         self.kv.free(req.request_id)
@@ -85,6 +97,7 @@ class Instance:
             self.running.remove(req)
         else:
             self.waiting.remove(req)
+            req.num_computed = req.num_cached = 0  # a looked-up hit is not carried away
         del self.requests[req.request_id]
 
     def cancel(self, request_id: str, now: float) -> Request | None:
@@ -119,6 +132,9 @@ class Instance:
         Returns the plan and the requests it offloaded and dropped (now
         detached from this instance; the caller re-routes or reports them).
         """
+        caching = self.kv.prefix_caching
+        if caching:
+            self._look_up_prefixes(self.waiting)
         plan = self.policy.schedule(self.view(now))
         for rid in plan.preempted:
             req = self.requests[rid]
@@ -126,7 +142,7 @@ class Instance:
                 raise ValueError(f"plan: preempted {rid} is not running")
             self.kv.free(rid)
             self.running.remove(req)
-            req.num_computed = 0
+            req.num_computed = req.num_cached = 0
             req.num_preemptions += 1
             req.status = RequestStatus.WAITING
             self.num_preemptions += 1
@@ -138,6 +154,9 @@ class Instance:
         dropped = self._take(plan.dropped, RequestStatus.DROPPED, now, plan.drop_reasons)
         admitted: list[Request] = []
         requests, kv, bs = self.requests, self.kv, self.kv.block_size
+        pkv = kv if isinstance(kv, PrefixCachingBlockManager) else None
+        if pkv is not None:  # admitted requests take their hits before allocations can evict
+            self._acquire_prefixes(plan)
         for item in plan.items:
             req = requests[item.request_id]
             c, n = req.num_computed, item.num_tokens
@@ -146,6 +165,8 @@ class Instance:
             # a request holds ceil(c / bs) blocks: it needs more only past a block boundary
             if c % bs == 0 or c % bs + n > bs:
                 kv.allocate(req.request_id, c + n)
+            if pkv is not None and (c + n) // bs > c // bs:  # a block became full
+                pkv.cache_full_blocks(req, c + n)
             if req.status is RequestStatus.WAITING:
                 admitted.append(req)
                 req.status = RequestStatus.RUNNING
@@ -156,6 +177,17 @@ class Instance:
             self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
             self.running.extend(admitted)
         return plan, offloaded, dropped
+
+    def _acquire_prefixes(self, plan: BatchPlan) -> None:
+        kv = self.kv
+        assert isinstance(kv, PrefixCachingBlockManager)
+        for item in plan.items:
+            req = self.requests[item.request_id]
+            if req.status is RequestStatus.WAITING:
+                hit = kv.acquire(req)
+                if hit != req.num_cached:
+                    raise ValueError(f"plan: {req.request_id}'s prefix hit changed from "
+                                     f"{req.num_cached} to {hit} tokens before admission")
 
     def _take(
         self, ids: Iterable[str], status: RequestStatus, now: float,

@@ -17,6 +17,8 @@ def check_geometry(num_blocks: int, block_size: int) -> None:
 
 
 class BlockManager:
+    prefix_caching = False  # True in ``sloserve.kv_prefix.PrefixCachingBlockManager``
+
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         check_geometry(num_blocks, block_size)
         self.num_blocks = num_blocks
@@ -68,6 +70,10 @@ class BlockManager:
         blocks = self._tables.pop(request_id, [])
         self._free.extend(reversed(blocks))
         return len(blocks)
+
+    def num_reclaimable(self, request_id: str) -> int:
+        """Blocks that freeing ``request_id`` would return to the pool (all of its own)."""
+        return len(self._tables.get(request_id, ()))
 
     def block_table(self, request_id: str) -> list[int]:
         return list(self._tables.get(request_id, ()))

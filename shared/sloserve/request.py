@@ -64,12 +64,21 @@ class Request:
     drop_reason: str | None = None  # set when a policy drops it with a reason of its own
     # the generated token ids, in the live stack (None in simulation: lengths only)
     output_token_ids: list[int] | None = None
+    # prefix identity (Mooncake ``hash_ids``): one content id per PREFIX_UNIT (512) tokens of
+    # the request's token stream; None = no identity, so nothing is shared (sloserve.kv_prefix)
+    hash_ids: tuple[int, ...] | None = None
+    hash_unit: int = 512  # tokens per hash id (Mooncake: 512; live token ids: the block size)
+    # prompt tokens found in the prefix cache when last looked up / admitted (vLLM
+    # ``num_cached_tokens``); they count in ``num_computed`` without being computed
+    num_cached: int = 0
 
     def __post_init__(self) -> None:
         if self.prompt_len < 1:
             raise ValueError(f"prompt_len: must be >= 1, got {self.prompt_len}")
         if self.output_len < 1:
             raise ValueError(f"output_len (max_tokens): must be >= 1, got {self.output_len}")
+        if self.hash_unit < 1:
+            raise ValueError(f"hash_unit: must be >= 1 tokens per hash id, got {self.hash_unit}")
 
     # --- progress -------------------------------------------------------
     @property
@@ -95,7 +104,8 @@ class Request:
 
     @property
     def prefill_started(self) -> bool:
-        return self.num_computed > 0
+        """Whether a chunk of its own was computed (a prefix-cache hit alone is not a start)."""
+        return self.num_computed > self.num_cached
 
     @property
     def remaining_output(self) -> int:

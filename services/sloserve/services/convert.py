@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.instance import Instance, TokenEvent
+from sloserve.kv_prefix import token_hash_ids
 from sloserve.request import SLO, Request
 from sloserve.services.proto import common_pb2, executor_pb2, scheduler_pb2
 
@@ -19,8 +20,10 @@ def slo_of(msg: object) -> SLO:
     return SLO(ttft=_opt(msg, "ttft_slo"), tbt=_opt(msg, "tbt_slo"), jct=_opt(msg, "jct_slo"))
 
 
-def request_of(spec: common_pb2.RequestSpec) -> Request:
-    """The core ``Request`` for a spec; already-generated tokens will be recomputed."""
+def request_of(spec: common_pb2.RequestSpec, hash_unit: int | None = None) -> Request:
+    """The core ``Request`` for a spec; already-generated tokens will be recomputed.
+    ``hash_unit``: give it a prefix identity from its prompt token ids, one id per
+    ``hash_unit`` tokens (the KV block size: prefix caching, ``sloserve.kv_prefix``)."""
     req = Request(
         request_id=spec.request_id,
         arrival_time=spec.arrival_time,
@@ -31,6 +34,9 @@ def request_of(spec: common_pb2.RequestSpec) -> Request:
         num_offloads=spec.num_offloads,
         origin_instance=spec.origin_instance or None,
     )
+    if hash_unit is not None:
+        req.hash_ids = token_hash_ids(spec.prompt_token_ids, hash_unit)
+        req.hash_unit = hash_unit
     req.num_generated = len(spec.generated_token_ids)
     req.output_token_ids = list(spec.generated_token_ids)
     return req
@@ -57,7 +63,9 @@ def plan_to_proto(
     """The executor's view of a plan (before ``Instance.complete`` advances progress).
 
     A chunk that starts at context 0 (a new, preempted or moved request) carries
-    the whole sequence in ``added``: prompt plus tokens generated so far, recomputed.
+    the whole sequence in ``added``: prompt plus tokens generated so far, recomputed;
+    so does one that starts over a prefix-cache hit (``context_len == num_cached``: the
+    executor starts it over the cached blocks its table begins with).
     """
     msg = executor_pb2.BatchPlan(iteration=iteration, start_time=start_time, freed=freed,
                                  preempted=plan.preempted)
@@ -71,7 +79,7 @@ def plan_to_proto(
         )
         if block_tables:
             item.block_table.extend(kv.block_table(it.request_id))
-        if it.context_len == 0:
+        if it.context_len == req.num_cached:  # 0 without a prefix-cache hit
             spec = specs[it.request_id]
             msg.added.add(request_id=it.request_id, prompt_token_ids=spec.prompt_token_ids,
                           generated_token_ids=req.output_token_ids or (),

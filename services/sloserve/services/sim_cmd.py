@@ -37,8 +37,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
     src = p.add_mutually_exclusive_group(required=not compare)
-    src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code")
-    src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns")
+    src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code | "
+                                     "multiturn (synthetic chats with shared prefixes)")
+    src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns "
+                                          "(and Mooncake hash_ids for prefix caching)")
     p.add_argument("--num-requests", type=_positive(int), default=1000)
     p.add_argument("--ttft-slo", type=_positive(float), default=None,
                    help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: scales group "
@@ -58,6 +60,12 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   help="turn off automatic prefix caching (on by default, as in vLLM V1; it "
+                        "only acts on requests with a prefix identity)")
+    p.add_argument("--prefix-routing", action="store_true",
+                   help="route new requests to the instance caching their prefix, within a "
+                        "load bound (SGLang's cache-aware router), instead of round-robin")
     p.add_argument("--admission", action="store_true",
                    help="refuse arrivals as the live scheduler does by default (bounded "
                         "queues, TTFT shedding at its defaults; docs/reliability.md)")
@@ -91,6 +99,8 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, timing_profile=args.timing_profile,
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
+        prefix_caching=getattr(args, "prefix_caching", True),
+        prefix_routing=getattr(args, "prefix_routing", False),
         admission=Admission() if getattr(args, "admission", False) else None,
     )
     cfg.validate()

@@ -64,6 +64,7 @@ class StackConfig:
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
+    prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, vllm, sim)
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
@@ -158,6 +159,7 @@ class Stack:
                 "--num-hp", str(c.hp_instances), *knobs, "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
+                *(["--prefix-caching"] if c.prefix_caching else []),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,

@@ -180,6 +180,21 @@ class TorchEngine:
         chat = getattr(self.tokenizer, "chat", None)
         return chat if isinstance(chat, ChatTemplate) else ChatTemplate()
 
+    def start_from_cache(self, request_id: str, num_cached: int) -> None:
+        """Prefix caching: the scheduler found the first ``num_cached`` prompt tokens' KV
+        in cached blocks (``sloserve.kv_prefix``) that head the request's block table, so
+        its first chunk starts there. Whole blocks only, and at least one token is left."""
+        seq = self._seqs.get(request_id)
+        if seq is None:
+            raise ValueError(f"start_from_cache: unknown request {request_id!r}")
+        if seq.num_computed:
+            raise ValueError(f"start_from_cache: request {request_id!r} already started")
+        if not 0 <= num_cached < seq.prompt_len or num_cached % self.block_size:
+            raise ValueError(
+                f"num_cached: must be whole blocks of {self.block_size} below the prompt "
+                f"length {seq.prompt_len}, got {num_cached}")
+        seq.num_computed = num_cached
+
     def preempted(self, request_id: str) -> None:
         """Recompute preemption: keep the token ids, the next prefill rebuilds the KV."""
         seq = self._seqs.get(request_id)

@@ -251,7 +251,8 @@ class BatchBuilder:
         if req.request_id in self._in_batch or req.request_id in self._removed:
             raise ValueError(f"batch: {req.request_id} is already scheduled or removed")
         self._removed.add(req.request_id)
-        self.free_blocks += self.view.kv.num_blocks_of(req.request_id)
+        # shared prefix blocks stay with their other holders (prefix caching)
+        self.free_blocks += self.view.kv.num_reclaimable(req.request_id)
         into.append(req.request_id)
 
     def preempt(self, req: Request) -> None:

@@ -40,6 +40,10 @@ class SimConfig:
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
+    # automatic prefix caching (vLLM V1's default); shares only between requests that carry a
+    # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
+    prefix_caching: bool = True
+    prefix_routing: bool = False  # route by cached prefix within a load bound (routing_prefix)
     admission: Admission | None = None  # admission control at arrival (None: queue everything)
 
     def validate(self) -> None:

@@ -19,6 +19,7 @@ from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
+from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
 from sloserve.perf.base import TimingSource
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import ModelShape, get_model
@@ -26,9 +27,11 @@ from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
 from sloserve.policies import get_spec, instance_roles
 from sloserve.request import Request, RequestStatus
+from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.events import EventKind, EventQueue
 from sloserve.workload.generate import Workload, make_requests
+from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
 REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
@@ -49,6 +52,10 @@ def build_timing(cfg: SimConfig) -> TimingSource:
 def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
     """Requests for ``cfg``; ``timing`` measures the prompt latencies that AccelGen's
     heterogeneous TTFT SLOs are scaled from (§6.1), as the paper measured them."""
+    if cfg.trace == MULTITURN:
+        return multiturn_requests(num_requests=cfg.num_requests, qps=cfg.qps, seed=cfg.seed,
+                                  ttft_slo=cfg.ttft_slo, tbt_slo=cfg.tbt_slo,
+                                  max_context=model.max_context)
     if cfg.fixed_lengths is not None:
         p, o = cfg.fixed_lengths
         lengths = [TraceRequest(p, o, None)]
@@ -89,22 +96,29 @@ class Simulation:
             self.perf_model.refit_every = 1 << 62
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
+        self.workload = build_workload(cfg, self.model, self.timing)
+        # no prefix identity, nothing to share: the plain manager (results unchanged)
+        kv_cls = (PrefixCachingBlockManager if cfg.prefix_caching and any(
+            r.hash_ids is not None for r in self.workload.requests) else BlockManager)
         self.instances = [
             Instance(
                 iid,
                 spec.make(role, self.policy_config, num_hp=cfg.hp_instances),
-                BlockManager(num_blocks, cfg.block_size),
+                kv_cls(num_blocks, cfg.block_size),
                 self.perf_model,
                 role=role,
             )
             for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
+        router = PrefixRouter([i.instance_id for i in self.instances],
+                              capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
+                              ) if cfg.prefix_routing else None
         self.controller = Controller(
-            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions)
+            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions,
+            prefix_router=router)
         self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
-        self.workload = build_workload(cfg, self.model, self.timing)
         self.admission = (None if cfg.admission is None
                           else for_deployment(cfg.admission, cfg.hp_instances))
         self.events = EventQueue()
@@ -222,6 +236,9 @@ class Simulation:
             sim_time_s=end,
             sim_wall_s=round(wall, 3),
         )
+        out.update(prefix_stats(self.instances))
+        if (router := self.controller.prefix_router) is not None:
+            out["prefix_routed_to_match"] = router.num_matched
         return out
 
 

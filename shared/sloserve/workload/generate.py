@@ -119,7 +119,8 @@ def make_requests(
         slos = uniform_slos(num_requests, ttft_slo=ttft_slo, tbt_slo=tbt_slo, jct_slo=jct_slo)
 
     requests = [
-        Request(f"r{i:06d}", float(times[i]), prompts[i], outputs[i], slo=slos[i])
+        Request(f"r{i:06d}", float(times[i]), prompts[i], outputs[i], slo=slos[i],
+                hash_ids=rows[i].hash_ids)
         for i in range(num_requests)
         if max_context is None or prompts[i] + outputs[i] <= max_context
     ]

@@ -31,6 +31,8 @@ class TraceRequest:
     prompt_len: int
     output_len: int
     arrival: float | None = None  # seconds from the first request of the trace
+    # prefix identity: Mooncake ``hash_ids``, one id per 512-token block (sloserve.kv_prefix)
+    hash_ids: tuple[int, ...] | None = None
 
 
 # name -> file in sloserve/data/traces (gzip-compressed, unmodified; see its README.md)
@@ -203,6 +205,20 @@ def _length(path: Path, lineno: int, value: Any, what: str) -> int:
     return max(n, 1)
 
 
+def _hash_ids(path: Path, lineno: int, value: Any) -> tuple[int, ...]:
+    """A row's ``hash_ids``: a non-empty list of non-negative integers (JSON text in CSV)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            value = None
+    if (not isinstance(value, list) or not value
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)):
+        raise TraceError(f"{path} line {lineno}: hash_ids must be a non-empty list of "
+                         f"non-negative integers, got {value!r}"[:300])
+    return tuple(value)
+
+
 def _timestamp(text: str) -> tuple[int, float, bool] | None:
     """Wall-clock text -> (whole seconds since epoch, fraction, has_timezone)."""
     m = _TIMESTAMP.fullmatch(text.strip())
@@ -252,7 +268,9 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
     prompt_col = output_col = ""
     arrival_col: str | None = None
     unit: float | None = None
+    hash_col: str | None = None
     lengths: list[tuple[int, int]] = []
+    hashes: list[tuple[int, ...] | None] = []
     raw_arrivals: list[tuple[int, Any]] = []
     for lineno, row in records:
         if not prompt_col:
@@ -264,6 +282,16 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
                 if name in norm:
                     arrival_col, unit = norm[name], u
                     break
+            hash_col = norm.get("hash_ids")
+            if hash_col is not None and arrival_col == norm.get("timestamp"):
+                unit = 1e-3  # Mooncake traces: ``timestamp`` in ms from the trace start
+        if hash_col is not None:
+            value = row.get(hash_col)
+            if value is None:
+                raise TraceError(f"{path} line {lineno}: hash_ids is missing")
+            hashes.append(_hash_ids(path, lineno, value))
+        else:
+            hashes.append(None)
         lengths.append(
             (
                 _length(path, lineno, row.get(prompt_col), "prompt"),
@@ -278,7 +306,7 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
     if not lengths:
         raise TraceError(f"{path}: no requests (header only)")
     if arrival_col is None:
-        return [TraceRequest(p, o) for p, o in lengths]
+        return [TraceRequest(p, o, hash_ids=h) for (p, o), h in zip(lengths, hashes)]
     times = _arrivals(path, raw_arrivals, unit)
     order = sorted(range(len(times)), key=times.__getitem__)
-    return [TraceRequest(*lengths[i], arrival=times[i]) for i in order]
+    return [TraceRequest(*lengths[i], arrival=times[i], hash_ids=hashes[i]) for i in order]

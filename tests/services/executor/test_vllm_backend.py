@@ -154,3 +154,23 @@ def test_bad_plans_raise_naming_the_request(backend: VllmBackend, tok: Tokenizer
     with pytest.raises(ValueError, match="inconsistent"):
         backend.execute(plan)
     backend.execute(executor_pb2.BatchPlan(freed=["x"]))
+
+
+def test_prefix_cache_hit_reuses_our_blocks_and_gives_the_uncached_greedy_tokens(
+    backend: VllmBackend, tok: Tokenizer
+) -> None:
+    shared = ids(tok, "b") * 20  # two or more full blocks of vLLM's CPU block size (128)
+    prompts = {"first": shared + ids(tok, "a"), "second": shared + ids(tok, "c")}
+    d = PlanDriver(backend, policy="sarathi", token_budget=2048, prefix_caching=True)
+    d.submit("first", prompts["first"], 6, GREEDY)
+    d.run()
+    d.submit("second", prompts["second"], 6, GREEDY)  # the first's prompt blocks are cached
+    res = d.run(record_plans=True)
+    bs = backend.describe().block_size
+    hit = len(shared) // bs * bs
+    first_item = res.plans[0].items[0]
+    assert hit >= bs and (first_item.context_len, first_item.num_tokens) == (
+        hit, len(prompts["second"]) - hit)
+    alone = PlanDriver(backend, policy="sarathi", token_budget=2048)
+    alone.submit("second", prompts["second"], 6, GREEDY)
+    assert res.tokens["second"] == alone.run().tokens["second"]

@@ -3,8 +3,8 @@
 ``PlanDriver`` runs a real ``Instance`` (our policy + ``BlockManager``) and
 turns each of its plans into the ``executor_pb2.BatchPlan`` the scheduler
 service sends, with the same conversion (``convert.plan_to_proto``: items with
-block tables, ``added`` for a sequence (re)starting at context 0, ``preempted``,
-``freed``). Used by the engine throughput
+block tables, ``added`` for a sequence (re)starting at context 0 or over a
+prefix-cache hit, ``preempted``, ``freed``). Used by the engine throughput
 benchmark and the backend tests to measure and check the engine path alone.
 """
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
+from sloserve.kv_prefix import PrefixCachingBlockManager, token_hash_ids
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import get_spec
 from sloserve.request import SLO, Request
@@ -36,7 +37,8 @@ class DriveResult:
 
 class PlanDriver:
     def __init__(self, backend: Backend, policy: str = "sarathi", token_budget: int = 512,
-                 max_num_seqs: int = 256, num_blocks: int | None = None) -> None:
+                 max_num_seqs: int = 256, num_blocks: int | None = None,
+                 prefix_caching: bool = False) -> None:
         desc = backend.describe()
         blocks = num_blocks or desc.kv_capacity_blocks
         spec = get_spec(policy)
@@ -45,8 +47,9 @@ class PlanDriver:
         names = {f.name for f in dataclasses.fields(spec.config_cls)}
         cfg = spec.config_cls(**{k: v for k, v in knobs.items() if k in names})
         self.backend = backend
+        kv_cls = PrefixCachingBlockManager if prefix_caching else BlockManager
         self.instance = Instance("drv0", spec.make("lp", cfg),
-                                 BlockManager(blocks, desc.block_size), LinearPerfModel())
+                                 kv_cls(blocks, desc.block_size), LinearPerfModel())
         self.specs: dict[str, common_pb2.RequestSpec] = {}
         self._freed: list[str] = []
 
@@ -57,6 +60,9 @@ class PlanDriver:
             sampling=sampling or common_pb2.Sampling())
         req = Request(rid, now, len(prompt), max_tokens, SLO(ttft=None, tbt=None))
         req.output_token_ids = []
+        if self.instance.kv.prefix_caching:  # identity from the token ids, one per KV block
+            req.hash_unit = self.instance.kv.block_size
+            req.hash_ids = token_hash_ids(prompt, req.hash_unit)
         self.instance.add_request(req, now)
 
     def run(self, max_iterations: int = 1_000_000, record_plans: bool = False) -> DriveResult:

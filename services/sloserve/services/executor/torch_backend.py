@@ -87,6 +87,10 @@ class TorchBackend:
                     ignore_eos=self.ignore_eos or s.ignore_eos,
                 ),
             )
+        added = {seq.request_id for seq in plan.added}
+        for i in plan.items:  # a prefix-cache hit: its first chunk starts over cached blocks
+            if i.context_len and i.request_id in added:
+                self.engine.start_from_cache(i.request_id, i.context_len)
         core = BatchPlan(
             items=[
                 ScheduledItem(i.request_id, i.num_tokens, i.context_len, i.is_prefill)

@@ -110,7 +110,8 @@ class VllmEngine:
                                sampling_of(s), frozenset(stop))
 
     def assume_computed(self, rid: str, num_tokens: int) -> None:
-        """Profiling only: count the first ``num_tokens`` as already in the KV cache."""
+        """Count the first ``num_tokens`` as already in the KV cache: profiling, and a
+        prefix-cache hit (the scheduler's cached blocks head the sequence's table)."""
         seq = self._seqs[rid]
         if seq.in_runner or not 0 <= num_tokens < len(seq.token_ids):
             raise ValueError(f"assume_computed {rid}: {num_tokens} not in [0, "
@@ -150,6 +151,10 @@ class VllmEngine:
         for new in plan.added:
             self.add(new)
         items = list(plan.items)
+        added = {new.request_id for new in plan.added}
+        for it in items:  # a prefix-cache hit: the table's first blocks hold its KV already
+            if it.context_len and it.request_id in added:
+                self.assume_computed(it.request_id, it.context_len)
         self._validate(items)
         if not items and not self._drop:
             return Step({}, duration_s=0.0)

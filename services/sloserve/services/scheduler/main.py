@@ -10,6 +10,7 @@ from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission
 from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
+from sloserve.kv_prefix import PrefixCachingBlockManager
 from sloserve.policies import Policy, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags, config_from_args
 from sloserve.services import obs, rpc
@@ -21,6 +22,8 @@ from sloserve.services.scheduler.clock import make_clock
 from sloserve.services.scheduler.server import SchedulerService
 from sloserve.services.scheduler.state import RequestStore
 from sloserve.services.store import Keys
+
+PREFIX_CACHING_BACKENDS = ("torch", "vllm", "sim")  # executors that accept a start past 0
 
 
 async def _describe(
@@ -43,8 +46,12 @@ async def serve(args: argparse.Namespace) -> None:
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
+    if args.prefix_caching and desc.backend not in PREFIX_CACHING_BACKENDS:
+        raise ValueError(f"--prefix-caching: the {desc.backend} executor cannot start a "
+                         f"request over cached blocks (only {', '.join(PREFIX_CACHING_BACKENDS)})")
+    kv_cls = PrefixCachingBlockManager if args.prefix_caching else BlockManager
     instance = Instance(
-        args.instance_id, policy, BlockManager(desc.kv_capacity_blocks, desc.block_size),
+        args.instance_id, policy, kv_cls(desc.kv_capacity_blocks, desc.block_size),
         perf_model, role=args.role,
     )
     store = RequestStore(redis, keys, args.instance_id)
@@ -98,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="online: follow the perf-model service's fits; roofline: never refit")
     p.add_argument("--decision-log", default=None,
                    help="append every batch plan to this file as JSON lines")
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="share cached prompt-prefix KV blocks between requests (vLLM's "
+                        "automatic prefix caching; torch, vllm and sim executors)")
     p.add_argument("--max-queued-requests", type=int, default=MAX_QUEUED_REQUESTS,
                    help="admission: refuse a new request when this many wait for their first "
                         "token here (0: no bound)")

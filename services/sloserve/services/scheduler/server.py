@@ -94,7 +94,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self.send(out)
             return
         try:
-            req = request_of(spec)
+            kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
+            unit = kv.block_size if kv.prefix_caching else None
+            req = request_of(spec, hash_unit=unit)
             if (fresh and self.admission is not None and not spec.generated_token_ids
                     and spec.num_offloads == 0 and spec.dispatch_time == spec.arrival_time
                     and (why := refusal(self.instance, req, now, self.admission))):
