@@ -45,6 +45,24 @@ async def _wait_until(deadline: float) -> None:
         time.sleep(left)
 
 
+def _skip_stopped(
+    plan: executor_pb2.BatchPlan, stopped: set[str]
+) -> tuple[executor_pb2.BatchPlan, list[str]]:
+    """The plan without items of sequences that stopped in an earlier batch, and their ids.
+
+    With overlap scheduling plan k+1 is decided before plan k's result: a request
+    that stopped in k (EOS, a stop id) is still in it. Its ``freed`` (which comes
+    once the scheduler has reconciled) ends the skipping."""
+    stopped.difference_update(plan.freed)
+    if not stopped or not any(i.request_id in stopped for i in plan.items):
+        return plan, []
+    kept = executor_pb2.BatchPlan()
+    kept.CopyFrom(plan)
+    del kept.items[:]
+    kept.items.extend(i for i in plan.items if i.request_id not in stopped)
+    return kept, [i.request_id for i in plan.items if i.request_id in stopped]
+
+
 class ExecutorService(executor_grpc.ExecutorServicer):
     def __init__(
         self, backend: Backend, redis: aioredis.Redis, keys: Keys,
@@ -71,9 +89,14 @@ class ExecutorService(executor_grpc.ExecutorServicer):
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[executor_pb2.IterationResult]:
         self.backend.reset()
+        stopped: set[str] = set()  # stopped here (EOS, stop id), not yet freed by the scheduler
+        prev_end: float | None = None  # the previous batch's end on this stream
         async for plan in request_iterator:
             start = time.perf_counter()
+            idle = start - prev_end if prev_end is not None else -1.0
+            plan, skipped = _skip_stopped(plan, stopped)
             step = self.backend.execute(plan)
+            stopped |= step.stopped
             # the reply is built while the batch runs (sim: before its wait), so only
             # the send is left once the batch is done
             result = executor_pb2.IterationResult(
@@ -84,6 +107,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                 ],
                 stopped=sorted(step.stopped),
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
+                idle_before_s=idle, skipped=skipped,
             )
             shape = plan_shape(plan) if plan.items else None
             if step.realtime_wait and self.horizon is not None:  # virtual time
@@ -95,6 +119,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             else:
                 measured = step.duration_s
             result.duration_s = measured
+            prev_end = time.perf_counter()
             yield result
             if self.horizon is not None:
                 await self.horizon.released()
