@@ -84,14 +84,49 @@ class ExecutorService(executor_grpc.ExecutorServicer):
     ) -> executor_pb2.ExecutorDescription:
         return self.backend.describe()
 
-    async def Execute(
+    async def Execute(  # type: ignore[override]  # gRPC aio's reader/writer API
         self, request_iterator: AsyncIterator[executor_pb2.BatchPlan],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[executor_pb2.IterationResult]:
+    ) -> None:
+        """Plans are read into a queue by a reader task and results written by a writer
+        task, so with overlap scheduling (plan k+1 sent while k runs) batch k+1 starts as
+        soon as k ends: no stream read or write sits between them (a queue depth of 1+)."""
         self.backend.reset()
+        plans: asyncio.Queue[executor_pb2.BatchPlan | None] = asyncio.Queue()
+        results: asyncio.Queue[executor_pb2.IterationResult] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for plan in request_iterator:
+                    plans.put_nowait(plan)
+            finally:
+                plans.put_nowait(None)
+
+        async def write() -> None:
+            while True:
+                res = await results.get()
+                try:
+                    await context.write(res)
+                except Exception as exc:  # the stream is gone: the reader sees its end
+                    self.log.warning("result_not_sent", iteration=res.iteration, error=repr(exc))
+                finally:
+                    results.task_done()
+
+        tasks = [asyncio.create_task(read()), asyncio.create_task(write())]
+        try:
+            await self._run(plans, results)
+            await results.join()  # the last results are out before the stream ends
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _run(
+        self, plans: asyncio.Queue[executor_pb2.BatchPlan | None],
+        results: asyncio.Queue[executor_pb2.IterationResult],
+    ) -> None:
         stopped: set[str] = set()  # stopped here (EOS, stop id), not yet freed by the scheduler
         prev_end: float | None = None  # the previous batch's end on this stream
-        async for plan in request_iterator:
+        while (plan := await plans.get()) is not None:
             start = time.perf_counter()
             idle = start - prev_end if prev_end is not None else -1.0
             plan, skipped = _skip_stopped(plan, stopped)
@@ -120,7 +155,11 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                 measured = step.duration_s
             result.duration_s = measured
             prev_end = time.perf_counter()
-            yield result
+            results.put_nowait(result)
+            if self.horizon is not None or not step.realtime_wait:
+                # virtual time: the result is out before the horizon is released (the
+                # conductor's order); torch/vllm: before the next batch blocks the loop
+                await results.join()
             if self.horizon is not None:
                 await self.horizon.released()
             if shape is not None:
