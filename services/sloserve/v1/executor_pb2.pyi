@@ -171,14 +171,27 @@ class IterationResult(_message.Message):
     STOPPED_FIELD_NUMBER: _builtins.int
     DURATION_S_FIELD_NUMBER: _builtins.int
     KV_USED_BLOCKS_FIELD_NUMBER: _builtins.int
+    IDLE_BEFORE_S_FIELD_NUMBER: _builtins.int
+    SKIPPED_FIELD_NUMBER: _builtins.int
     iteration: _builtins.int
     duration_s: _builtins.float
     """measured execution time of the batch"""
     kv_used_blocks: _builtins.int
+    idle_before_s: _builtins.float
+    """Seconds the executor sat idle between the previous batch's end on this stream
+    and this batch's start (waiting for this plan): the un-hidden service overhead.
+    Negative on the stream's first batch (no previous one).
+    """
     @_builtins.property
     def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___SampledToken]: ...
     @_builtins.property
     def stopped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def skipped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Items skipped: their request had stopped (EOS, stop id) in an earlier batch,
+        which an overlapped plan could not know yet (docs/live-stack.md, overlap).
+        """
+
     def __init__(
         self,
         *,
@@ -187,10 +200,12 @@ class IterationResult(_message.Message):
         stopped: _abc.Iterable[_builtins.str] | None = ...,
         duration_s: _builtins.float = ...,
         kv_used_blocks: _builtins.int = ...,
+        idle_before_s: _builtins.float = ...,
+        skipped: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "iteration", b"iteration", "kv_used_blocks", b"kv_used_blocks", "stopped", b"stopped", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["duration_s", b"duration_s", "idle_before_s", b"idle_before_s", "iteration", b"iteration", "kv_used_blocks", b"kv_used_blocks", "skipped", b"skipped", "stopped", b"stopped", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -240,6 +240,9 @@ class SchedulerStatus(_message.Message):
     COEFFICIENTS_VERSION_FIELD_NUMBER: _builtins.int
     POLICY_CONFIG_FIELD_NUMBER: _builtins.int
     IDLE_FIELD_NUMBER: _builtins.int
+    UNHIDDEN_P50_S_FIELD_NUMBER: _builtins.int
+    UNHIDDEN_P99_S_FIELD_NUMBER: _builtins.int
+    OVERLAP_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -260,6 +263,14 @@ class SchedulerStatus(_message.Message):
     """the policy's config as a JSON object: every knob, resolved"""
     idle: _builtins.bool
     """the loop waits for a submission or cancel (nothing planned, nothing due)"""
+    unhidden_p50_s: _builtins.float
+    """Un-hidden overhead: seconds the executor sat idle between two consecutive
+    batches (reported by it, IterationResult.idle_before_s), recent window.
+    With overlap scheduling the decision and hops run while a batch executes.
+    """
+    unhidden_p99_s: _builtins.float
+    overlap: _builtins.bool
+    """the loop sends plan k+1 while the executor runs plan k"""
     @_builtins.property
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
     @_builtins.property
@@ -283,10 +294,13 @@ class SchedulerStatus(_message.Message):
         coefficients_version: _builtins.int = ...,
         policy_config: _builtins.str = ...,
         idle: _builtins.bool = ...,
+        unhidden_p50_s: _builtins.float = ...,
+        unhidden_p99_s: _builtins.float = ...,
+        overlap: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -45,6 +45,24 @@ async def _wait_until(deadline: float) -> None:
         time.sleep(left)
 
 
+def _skip_stopped(
+    plan: executor_pb2.BatchPlan, stopped: set[str]
+) -> tuple[executor_pb2.BatchPlan, list[str]]:
+    """The plan without items of sequences that stopped in an earlier batch, and their ids.
+
+    With overlap scheduling plan k+1 is decided before plan k's result: a request
+    that stopped in k (EOS, a stop id) is still in it. Its ``freed`` (which comes
+    once the scheduler has reconciled) ends the skipping."""
+    stopped.difference_update(plan.freed)
+    if not stopped or not any(i.request_id in stopped for i in plan.items):
+        return plan, []
+    kept = executor_pb2.BatchPlan()
+    kept.CopyFrom(plan)
+    del kept.items[:]
+    kept.items.extend(i for i in plan.items if i.request_id not in stopped)
+    return kept, [i.request_id for i in plan.items if i.request_id in stopped]
+
+
 class ExecutorService(executor_grpc.ExecutorServicer):
     def __init__(
         self, backend: Backend, redis: aioredis.Redis, keys: Keys,
@@ -66,14 +84,54 @@ class ExecutorService(executor_grpc.ExecutorServicer):
     ) -> executor_pb2.ExecutorDescription:
         return self.backend.describe()
 
-    async def Execute(
+    async def Execute(  # type: ignore[override]  # gRPC aio's reader/writer API
         self, request_iterator: AsyncIterator[executor_pb2.BatchPlan],
         context: grpc.aio.ServicerContext,
-    ) -> AsyncIterator[executor_pb2.IterationResult]:
+    ) -> None:
+        """Plans are read into a queue by a reader task and results written by a writer
+        task, so with overlap scheduling (plan k+1 sent while k runs) batch k+1 starts as
+        soon as k ends: no stream read or write sits between them (a queue depth of 1+)."""
         self.backend.reset()
-        async for plan in request_iterator:
+        plans: asyncio.Queue[executor_pb2.BatchPlan | None] = asyncio.Queue()
+        results: asyncio.Queue[executor_pb2.IterationResult] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                async for plan in request_iterator:
+                    plans.put_nowait(plan)
+            finally:
+                plans.put_nowait(None)
+
+        async def write() -> None:
+            while True:
+                res = await results.get()
+                try:
+                    await context.write(res)
+                except Exception as exc:  # the stream is gone: the reader sees its end
+                    self.log.warning("result_not_sent", iteration=res.iteration, error=repr(exc))
+                finally:
+                    results.task_done()
+
+        tasks = [asyncio.create_task(read()), asyncio.create_task(write())]
+        try:
+            await self._run(plans, results)
+            await results.join()  # the last results are out before the stream ends
+        finally:
+            for t in tasks:
+                t.cancel()
+
+    async def _run(
+        self, plans: asyncio.Queue[executor_pb2.BatchPlan | None],
+        results: asyncio.Queue[executor_pb2.IterationResult],
+    ) -> None:
+        stopped: set[str] = set()  # stopped here (EOS, stop id), not yet freed by the scheduler
+        prev_end: float | None = None  # the previous batch's end on this stream
+        while (plan := await plans.get()) is not None:
             start = time.perf_counter()
+            idle = start - prev_end if prev_end is not None else -1.0
+            plan, skipped = _skip_stopped(plan, stopped)
             step = self.backend.execute(plan)
+            stopped |= step.stopped
             # the reply is built while the batch runs (sim: before its wait), so only
             # the send is left once the batch is done
             result = executor_pb2.IterationResult(
@@ -84,6 +142,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                 ],
                 stopped=sorted(step.stopped),
                 kv_used_blocks=sum(len(i.block_table) for i in plan.items),
+                idle_before_s=idle, skipped=skipped,
             )
             shape = plan_shape(plan) if plan.items else None
             if step.realtime_wait and self.horizon is not None:  # virtual time
@@ -95,7 +154,12 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             else:
                 measured = step.duration_s
             result.duration_s = measured
-            yield result
+            prev_end = time.perf_counter()
+            results.put_nowait(result)
+            if self.horizon is not None or not step.realtime_wait:
+                # virtual time: the result is out before the horizon is released (the
+                # conductor's order); torch/vllm: before the next batch blocks the loop
+                await results.join()
             if self.horizon is not None:
                 await self.horizon.released()
             if shape is not None:

@@ -33,6 +33,14 @@ from sloserve.request import Request
 from sloserve.services import metrics
 from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
 from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
+from sloserve.services.scheduler.overlap import (
+    Flight,
+    ResultMismatch,
+    fly,
+    lacks_tokens,
+    land,
+    rollback,
+)
 from sloserve.services.scheduler.server import SchedulerService
 
 ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
@@ -121,7 +129,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
     while True:
         call = executor.Execute()
         try:
-            await _iterate(svc, call)
+            await (_iterate_overlap(svc, call) if svc.overlap else _iterate(svc, call))
         except ExecutorLost as exc:
             call.cancel()
             await svc.executor_lost(str(exc), exc.predicted_s, exc.deadline_s)
@@ -212,7 +220,104 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 over = t_recv - prev_recv - res.duration_s
                 svc.overhead.append(over)
                 m_over.observe(over)
+                if res.idle_before_s >= 0:
+                    svc.unhidden.append(res.idle_before_s)
             prev_recv = t_recv
     finally:
         svc.unhold()
         _flush(svc, report)  # tokens the executor made before it was lost are real
+
+
+async def _park(svc: SchedulerService, out: scheduler_pb2.SchedulerOutput, now: float) -> None:
+    """Nothing to plan: report the state and wait for a submission or cancel."""
+    svc.unhold()
+    out.state.CopyFrom(state_to_proto(svc.instance, now))
+    svc.send(out)
+    svc.store.kick(time.perf_counter(), interval=0.0)
+    svc.wake.clear()
+    svc.waiting_for_wake = True
+    await svc.wake.wait()
+    svc.waiting_for_wake = False
+
+
+async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
+    """The loop with overlap (``overlap`` module): plan k+1 is decided and sent
+    while the executor runs plan k, which is applied provisionally meanwhile."""
+    inst, clock = svc.instance, svc.clock
+    iid = inst.instance_id
+    m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
+    m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    flight: Flight | None = None  # sent and applied provisionally, result not yet read
+    report: Report | None = None
+    prev_recv: float | None = None
+    after_idle = True
+
+    async def landed(f: Flight) -> Report:
+        nonlocal prev_recv
+        res = await _read(call, svc.hang.deadline(f.predicted_s), f.predicted_s)
+        svc.hang.observe(f.predicted_s, res.duration_s)
+        t_recv = time.perf_counter()
+        end = clock.batch_end(f.start, res.duration_s)
+        try:
+            events = land(inst, f, res, end, svc.specs)
+        except ResultMismatch as exc:
+            raise ExecutorLost(f"dead: {exc}") from None
+        out = svc.output()
+        tokens_to_proto(events, res.stopped, out)
+        out.state.CopyFrom(state_to_proto(inst, end))
+        m_iter.observe(res.duration_s)
+        m_wait.set(len(inst.waiting))
+        m_run.set(len(inst.running))
+        if prev_recv is not None and not f.after_idle:
+            over = t_recv - prev_recv - res.duration_s
+            svc.overhead.append(over)
+            m_over.observe(over)
+            if res.idle_before_s >= 0:
+                svc.unhidden.append(res.idle_before_s)
+        prev_recv = t_recv
+        return out, events
+
+    try:
+        while True:
+            now = clock.now()
+            plan, out = _decide(svc, now)
+            if plan is None and flight is not None:  # k's result may change that: wait for it
+                if out.offloaded or out.dropped:
+                    svc.send(out)
+                report_k, flight = await landed(flight), None
+                _flush(svc, report)
+                report = report_k
+                continue
+            if plan is None:
+                _flush(svc, report)
+                report = None
+                await _park(svc, out, now)
+                prev_recv, after_idle = None, True
+                continue
+            svc.iterations += 1
+            if flight is not None and lacks_tokens(inst, plan):  # rare: wait for k's ids
+                report_k, flight = await landed(flight), None
+                _flush(svc, report)
+                report = report_k
+            freed, svc.freed = svc.freed, []
+            msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
+                                block_tables=svc.executor.backend != "sim")
+            try:
+                await call.write(msg)
+            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+                raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
+            predicted = inst.perf_model.predict(plan.shape())
+            svc.hold()
+            if out.offloaded or out.dropped:
+                svc.send(out)
+            _flush(svc, report)
+            report = None
+            if flight is not None:
+                report, flight = await landed(flight), None
+            flight = fly(inst, plan, now, predicted, after_idle)
+            after_idle = False
+    finally:
+        svc.unhold()
+        _flush(svc, report)  # tokens the executor made before it was lost are real
+        if flight is not None:
+            rollback(inst, flight, svc.specs)

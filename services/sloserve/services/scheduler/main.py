@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
+import os
 
 from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission, for_deployment
 from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
@@ -57,7 +58,7 @@ async def serve(args: argparse.Namespace) -> None:
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
     svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log,
-                           admission, hang)
+                           admission, hang, overlap=args.overlap)
     store.live, store.outage.log = svc.live_requests, svc.log
 
     def apply(c: Published) -> None:
@@ -123,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a batch not back by factor x its predicted time + --hang-slack is a hang")
     p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
                    help="seconds added to every batch's hang deadline")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction,
+                   default=os.environ.get("SLOSERVE_OVERLAP", "1") != "0",
+                   help="decide and send plan k+1 while the executor runs plan k (default on, "
+                        "SGLang's choice; $SLOSERVE_OVERLAP=0 turns the default off; always "
+                        "off with --clock virtual). See docs/live-stack.md")
     add_policy_flags(p)
     return p
 

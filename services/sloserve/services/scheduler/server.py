@@ -53,11 +53,14 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self, instance: Instance, store: RequestStore, policy: str,
         executor: executor_pb2.ExecutorDescription, clock: Clock,
         decision_log: IO[str] | None = None, admission: Admission | None = None,
-        hang: HangDeadline | None = None,
+        hang: HangDeadline | None = None, overlap: bool = False,
     ) -> None:
         self.instance, self.store, self.policy_name, self.executor = (
             instance, store, policy, executor)
         self.admission = admission  # None: every submission is queued
+        # plan k+1 leaves while the executor runs plan k (loop, overlap); the event
+        # clock (protocol tests) runs the simulator's timeline, which has no overlap
+        self.overlap = overlap and not clock.virtual
         self.hang = hang or HangDeadline()
         self.health: health.aio.HealthServicer | None = None  # set once serving
         self.clock, self.decision_log = clock, decision_log
@@ -72,6 +75,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.iterations = 0
         self.overhead: deque[float] = deque(maxlen=5000)
         self.schedule_time: deque[float] = deque(maxlen=5000)
+        self.unhidden: deque[float] = deque(maxlen=5000)  # executor idle between batches
         self.coefficients = Published([], 0, 0, 0.0, "", "", 0.0)
         self.log = obs.setup_logging("scheduler").bind(instance=instance.instance_id)
 
@@ -261,6 +265,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         inst = self.instance
         o50, o99 = _pcts(self.overhead)
         s50, s99 = _pcts(self.schedule_time)
+        u50, u99 = _pcts(self.unhidden)
         return scheduler_pb2.SchedulerStatus(
             instance_id=inst.instance_id, role=inst.role, policy=self.policy_name,
             num_waiting=len(inst.waiting), num_running=len(inst.running),
@@ -270,6 +275,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             coefficients_version=self.coefficients.version,
             policy_config=config_json(inst.policy.config),
             idle=self.waiting_for_wake and not self.wake.is_set(),
+            unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
         )
 
 
