@@ -176,7 +176,7 @@ def sarathi_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str
     data = load("sarathi_capacity")
     by = {r["setup"]: r for r in data["results"]}
     rows: list[Row] = []
-    labels, caps = [], []
+    labels, caps, colors = [], [], []
     for (trace, tbt), (paper, pratio) in SARATHI_CLAIMS.items():
         v, s = by.get(f"{trace}/tbt{tbt}/vllm"), by.get(f"{trace}/tbt{tbt}/sarathi")
         if v is None or s is None:
@@ -191,14 +191,14 @@ def sarathi_section(k: int, jobs: int, reuse: bool) -> tuple[list[Row], list[str
                         paper, ours, f"llama-3-8b/A100 simulated (paper: Mistral-7B), "
                         f"{data['num_requests']} req/probe" + ARXIV_NOTE * (trace == "arxiv"),
                         verdict(pratio, r), why))
-        for p, rr in (("vllm", v), ("sarathi", s), ("orca", o)):
+        for p, rr, color in (("vllm", v, "C0"), ("sarathi", s, "C1"), ("orca", o, "C2")):
             if rr is not None:
                 labels.append(f"{trace}\nTBT {tbt}\n{p}")
                 caps.append(rr["capacity"] or 0.0)
+                colors.append(color)
     PLOTS.mkdir(parents=True, exist_ok=True)
     fig, ax = plt.subplots(figsize=(10, 3.5))
-    ax.bar(range(len(caps)), caps, color=["C0" if "vllm" in lab else "C2" if "orca" in lab
-                                           else "C1" for lab in labels])
+    ax.bar(range(len(caps)), caps, color=colors)
     ax.set_xticks(range(len(caps)), labels, fontsize=7)
     ax.set_ylabel("capacity (req/s)")
     ax.set_title("Sarathi-Serve §5.1: capacity under P99 TBT and median delay ≤ 2 s")
