@@ -186,7 +186,8 @@ class SlackPolicy(Policy):
             key, _, req = entry
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
                 continue  # stale: admitted, dropped or re-keyed since it was pushed
-            if cfg.shed and req.num_generated == 0 and self.doomed(req, key, view, limit, allowance):
+            fresh = req.num_generated == 0
+            if cfg.shed and fresh and self.doomed(req, key, view, limit, allowance):
                 del self._queued[req.request_id]
                 b.drop(req, SHED_REASON)
                 continue
