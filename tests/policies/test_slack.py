@@ -9,7 +9,7 @@ from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import get_spec
-from sloserve.policies.slack import SHED_REASON, SlackConfig, SlackPolicy
+from sloserve.policies.slack import LATE_REASON, SHED_REASON, SlackConfig, SlackPolicy
 from sloserve.request import SLO, Request
 
 PERF = LinearPerfModel()  # 10 ms + 0.2 ms per token + 0.1 us per context token
@@ -44,8 +44,8 @@ def test_registered_by_name() -> None:
 
 def test_no_decode_prefills_whole_prompts_like_vllm() -> None:
     i = inst()
-    i.add_request(req("a", 3000), 0.0)
-    i.add_request(req("b", 2000), 0.0)
+    i.add_request(req("a", 3000, ttft=2.0), 0.0)
+    i.add_request(req("b", 2000, ttft=2.0), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert sorted((it.request_id, it.num_tokens) for it in plan.items) == [("a", 3000),
                                                                           ("b", 2000)]
@@ -112,6 +112,27 @@ def test_sheds_a_request_the_tbt_bounded_budget_cannot_prefill_in_time() -> None
     assert plan.dropped == ["p"]
 
 
+def test_moore_hodgson_sheds_the_longest_so_the_rest_meet_their_ttft() -> None:
+    # alone 0.41 s per 2000-token prompt: three in a row end at 1.23 s > 1 s; shedding one
+    # long prompt lets the other two and the short one end by 0.85 s
+    i = inst()
+    for rid in ("l1", "l2", "l3"):
+        i.add_request(req(rid, 2000), 0.0)
+    i.add_request(req("s", 100), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert len(plan.dropped) == 1 and plan.dropped[0].startswith("l")
+    assert plan.drop_reasons[plan.dropped[0]] == LATE_REASON
+    assert "s" in {it.request_id for it in plan.items}
+
+
+def test_shed_window_zero_sheds_only_the_hopeless() -> None:
+    i = inst(shed_window=0)
+    for rid in ("l1", "l2", "l3"):
+        i.add_request(req(rid, 2000), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert plan.dropped == [] and len(plan.items) == 3
+
+
 def test_shed_off_keeps_every_request() -> None:
     i = inst(shed=False)
     i.add_request(req("late", 2000, ttft=0.2), 0.0)
@@ -133,7 +154,8 @@ def test_preempted_requests_are_queued_again() -> None:
 
 @pytest.mark.parametrize("field,value", [("tbt_margin", 0.0), ("tbt_margin", 1.5),
                                          ("max_num_batched_tokens", 0),
-                                         ("min_prefill_tokens", -1), ("shed", "yes")])
+                                         ("min_prefill_tokens", -1), ("shed", "yes"),
+                                         ("shed_window", -1)])
 def test_bad_knob_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SlackConfig(**{field: value})  # type: ignore[arg-type]

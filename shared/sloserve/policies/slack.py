@@ -23,7 +23,13 @@ Each iteration, for one instance:
 4. **Early shedding** (Ascendra §6.3, ``shed``): a waiting request that has
    produced no token and whose latest start has passed can no longer meet its
    TTFT even alone on the GPU; it is dropped with a reason instead of taking
-   GPU time from requests that still can. A request keeps its KV once admitted.
+   GPU time from requests that still can. Beyond that, Moore-Hodgson's rule for
+   the fewest late jobs on one machine (Moore, Mgmt. Sci. 1968) runs over the
+   first ``shed_window`` queued requests in latest-start order: summing predicted
+   prefill times at the current budget, whenever one would end past its TTFT the
+   longest prompt so far is shed — goodput counts requests, so under a burst one
+   long prompt goes instead of several short ones. A request keeps its KV once
+   admitted.
 
 Prefix caching: the prompt work a request still needs is read through
 ``prompt_work`` (its uncomputed tokens today); a prefix-cache-aware KV manager
@@ -53,6 +59,7 @@ from sloserve.request import Request, RequestStatus
 from sloserve.slo import next_token_deadline
 
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
+LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,9 @@ class SlackConfig(PolicyConfig):
     min_prefill_tokens: int = knob(
         32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
     shed: bool = knob(True, "slack: drop waiting requests that can no longer meet their TTFT")
+    shed_window: int = knob(
+        64, "slack: queued requests (by latest start) the Moore-Hodgson shedding looks at "
+        "(0: only shed requests that cannot make it alone)", min=0)
 
 
 def prompt_work(req: Request) -> int:
@@ -138,6 +148,40 @@ class SlackPolicy(Policy):
             return False
         return view.now + math.ceil(prompt_work(req) / allowance) * limit > deadline
 
+    def overflow(self, view: InstanceView, ongoing: int, limit: float,
+                 allowance: int) -> list[Request]:
+        """Moore-Hodgson (minimum number of late jobs on one machine) over the first
+        ``shed_window`` queued requests in latest-start order: walk them, summing
+        predicted prefill times from now (after ``ongoing`` prompt tokens); whenever one
+        would end past its TTFT deadline, shed the longest walked so far. Returns the shed."""
+        window = [e for e in heapq.nsmallest(self.config.shed_window, self._heap)
+                  if self._queued.get(e[2].request_id) == e[0]
+                  and e[2].num_generated == 0 and e[2].ttft_deadline is not None]
+        if not window:
+            return []
+        if limit == math.inf:
+            def cost(tokens: int) -> float:
+                return view.perf_model.predict(BatchShape(prefills=((tokens, 0),)))
+        else:
+            rate = limit / max(allowance, 1)  # seconds per prompt token at this budget
+
+            def cost(tokens: int) -> float:
+                return tokens * rate
+        t = view.now + (cost(ongoing) if ongoing else 0.0)
+        kept: list[tuple[float, int, Request]] = []  # max-heap on cost
+        shed: list[Request] = []
+        for _, seq, req in window:
+            c = cost(prompt_work(req))
+            heapq.heappush(kept, (-c, seq, req))
+            t += c
+            deadline = req.ttft_deadline
+            assert deadline is not None
+            if t > deadline:
+                neg, _, longest = heapq.heappop(kept)
+                t += neg
+                shed.append(longest)
+        return shed
+
     def _push(self, req: Request, view: InstanceView) -> None:
         key = self.latest_start(req, view)
         self._queued[req.request_id] = key
@@ -180,6 +224,11 @@ class SlackPolicy(Policy):
         for req in prefills:
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
+        if cfg.shed and cfg.shed_window and self._heap:
+            ongoing = sum(prompt_work(r) for r in prefills)
+            for req in self.overflow(view, ongoing, limit, allowance):
+                hopeless = self._queued.pop(req.request_id) < view.now
+                b.drop(req, SHED_REASON if hopeless else LATE_REASON)
         held: list[tuple[float, int, Request]] = []
         while self._heap:
             entry = heapq.heappop(self._heap)
