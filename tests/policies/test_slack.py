@@ -95,12 +95,19 @@ def test_longer_prompt_has_less_slack_and_goes_first() -> None:
 
 
 def test_sheds_a_request_that_cannot_meet_its_ttft_alone() -> None:
-    i = inst()
+    i = inst(shed_window=0)  # the latest-start rule alone, without Moore-Hodgson
     i.add_request(req("late", 2000, ttft=0.2), 0.0)  # 0.41 s of prefill alone > 0.2 s
     i.add_request(req("ok", 100), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert plan.dropped == ["late"] and plan.drop_reasons["late"] == SHED_REASON
     assert [it.request_id for it in plan.items] == ["ok"]
+
+
+def test_a_hopeless_request_shed_by_moore_hodgson_gets_the_hopeless_reason() -> None:
+    i = inst()
+    i.add_request(req("late", 2000, ttft=0.2), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert plan.dropped == ["late"] and plan.drop_reasons["late"] == SHED_REASON
 
 
 def test_sheds_a_request_the_tbt_bounded_budget_cannot_prefill_in_time() -> None:
@@ -113,12 +120,13 @@ def test_sheds_a_request_the_tbt_bounded_budget_cannot_prefill_in_time() -> None
 
 
 def test_moore_hodgson_sheds_the_longest_so_the_rest_meet_their_ttft() -> None:
-    # alone 0.41 s per 2000-token prompt: three in a row end at 1.23 s > 1 s; shedding one
-    # long prompt lets the other two and the short one end by 0.85 s
+    # alone: 0.41 s per 2000-token prompt, 0.03 s for the short one; in latest-start order
+    # l1, l2, s ends s at 0.85 s > its 0.84 s TTFT: shed a long prompt (not the late short
+    # one), and l + s both end in time
     i = inst()
-    for rid in ("l1", "l2", "l3"):
+    for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000), 0.0)
-    i.add_request(req("s", 100), 0.0)
+    i.add_request(req("s", 100, ttft=0.84), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert len(plan.dropped) == 1 and plan.dropped[0].startswith("l")
     assert plan.drop_reasons[plan.dropped[0]] == LATE_REASON
@@ -127,8 +135,9 @@ def test_moore_hodgson_sheds_the_longest_so_the_rest_meet_their_ttft() -> None:
 
 def test_shed_window_zero_sheds_only_the_hopeless() -> None:
     i = inst(shed_window=0)
-    for rid in ("l1", "l2", "l3"):
+    for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000), 0.0)
+    i.add_request(req("s", 100, ttft=0.84), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert plan.dropped == [] and len(plan.items) == 3
 
