@@ -138,15 +138,20 @@ class SlackPolicy(Policy):
         return deadline - view.perf_model.predict(shape)
 
     @staticmethod
-    def doomed(req: Request, key: float, view: InstanceView, limit: float, allowance: int) -> bool:
+    def doomed(req: Request, key: float, view: InstanceView, limit: float, allowance: int,
+               dec: tuple[int, ...]) -> bool:
         """Whether ``req`` can no longer meet its TTFT: its latest start has passed, or its
-        prompt needs more iterations of this budget (each up to ``limit`` s) than it has left."""
+        prompt needs more iterations of this budget than it has time left — the last one
+        as predicted beside the decodes ``dec``, each earlier one up to ``limit`` s."""
         if key < view.now:
             return True
         deadline = req.ttft_deadline
         if deadline is None or limit == math.inf or allowance < 1:
             return False
-        return view.now + math.ceil(prompt_work(req) / allowance) * limit > deadline
+        work = prompt_work(req)
+        last = view.perf_model.predict(
+            BatchShape(prefills=((min(work, allowance), req.num_computed),), decodes=dec))
+        return view.now + (math.ceil(work / allowance) - 1) * limit + last > deadline
 
     def overflow(self, view: InstanceView, ongoing: int, limit: float,
                  allowance: int) -> list[Request]:
@@ -230,13 +235,14 @@ class SlackPolicy(Policy):
                 hopeless = self._queued.pop(req.request_id) < view.now
                 b.drop(req, SHED_REASON if hopeless else LATE_REASON)
         held: list[tuple[float, int, Request]] = []
+        dec = tuple(r.num_computed for r in decodes)
         while self._heap:
             entry = heapq.heappop(self._heap)
             key, _, req = entry
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
                 continue  # stale: admitted, dropped or re-keyed since it was pushed
             fresh = req.num_generated == 0
-            if cfg.shed and fresh and self.doomed(req, key, view, limit, allowance):
+            if cfg.shed and fresh and self.doomed(req, key, view, limit, allowance, dec):
                 del self._queued[req.request_id]
                 b.drop(req, SHED_REASON)
                 continue
