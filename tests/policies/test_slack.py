@@ -142,6 +142,15 @@ def test_shed_window_zero_sheds_only_the_hopeless() -> None:
     assert plan.dropped == [] and len(plan.items) == 3
 
 
+def test_a_short_prompt_that_fits_its_tight_ttft_in_one_iteration_is_kept() -> None:
+    # one 50-token chunk beside the decode: 0.02 s predicted < 0.05 s TTFT, though the
+    # iteration limit (0.08 s) is longer than the TTFT
+    i = with_decode(0.1, 0.0)
+    i.add_request(req("short", 50, arrival=1.0, ttft=0.05), 1.0)
+    plan, _, _ = i.schedule(1.0)
+    assert plan.dropped == [] and chunk_of(plan, "short") == 50
+
+
 def test_shed_off_keeps_every_request() -> None:
     i = inst(shed=False)
     i.add_request(req("late", 2000, ttft=0.2), 0.0)
