@@ -150,16 +150,22 @@ def main(argv: list[str] | None = None) -> None:
                        "wall_s": round(time.time() - t0, 1), "cells": rows,
                        "bounds": bounds, "results": results}, f, indent=1)
 
-    with ProcessPoolExecutor(a.jobs) as pool:
-        futures = [pool.submit(run_setup, i, a.qps_max_factor) for i in items]
-        for fut in as_completed(futures):
-            r = fut.result()
-            results.append(r)
-            c, lim = r["capacity"], r["at_limit"]
-            cells = " ".join(f"{'>=' if lim[k] else ''}{c[k]:.3f}" for k in CRITERIA)
-            print(f"{r['cell']:28} {r['policy']:13} {cells}  sims={r['simulations']} "
-                  f"wall={r['wall_s']}", flush=True)
-            dump(summarise(results, bounds))
+    def done(r: dict[str, Any]) -> None:
+        results.append(r)
+        c, lim = r["capacity"], r["at_limit"]
+        cells = " ".join(f"{'>=' if lim[k] else ''}{c[k]:.3f}" for k in CRITERIA)
+        print(f"{r['cell']:28} {r['policy']:13} {cells}  sims={r['simulations']} "
+              f"wall={r['wall_s']}", flush=True)
+        dump(summarise(results, bounds))
+
+    if a.jobs <= 1:  # in-process (also when loaded by path, where workers cannot import it)
+        for i in items:
+            done(run_setup(i, a.qps_max_factor))
+    else:
+        with ProcessPoolExecutor(a.jobs) as pool:
+            futures = [pool.submit(run_setup, i, a.qps_max_factor) for i in items]
+            for fut in as_completed(futures):
+                done(fut.result())
     rows = summarise(results, bounds)
     for row in rows:
         g, t = row["goodput"], row["tail"]
