@@ -4,7 +4,7 @@ Each iteration, for one instance:
 
 1. **Stall-free decodes** (Sarathi-Serve §4.2): every running decode gets its
    next token; KV exhaustion preempts by recompute as vLLM does (``add_decodes``).
-2. **Budget from the tightest TBT slack** (AccelGen §4.3 Eq. 6's idea, the
+2. **Budget from the tightest TBT slack** (AccelGen §4.2 Eq. 6's idea, the
    per-iteration budget that fits the tightest request, Ascendra §3.3's slack
    from the perf model): a decode's slack is its next-token deadline (last
    token + its TBT SLO) minus now. The prefill tokens allowed are the most
