@@ -30,10 +30,11 @@ def _bad_value(cls: type, name: str) -> object:
 
 
 def test_the_policy_list_is_the_registry() -> None:
-    assert policy_names() == ["vllm", "sarathi", "ascendra", "accelgen", "orca", "oracle"]
+    assert policy_names() == ["vllm", "sarathi", "ascendra", "accelgen", "orca", "oracle", "slack"]
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen", "orca", "oracle"])
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen", "orca", "oracle",
+                                    "slack"])
 def test_every_field_rejects_a_bad_value_naming_the_field(policy: str) -> None:
     cls = get_spec(policy).config_cls
     for f in fields(cls):

@@ -1,5 +1,5 @@
 """Scheduling policies, chosen by name (``vllm``, ``sarathi``, ``ascendra``, ``accelgen``,
-``orca``, ``oracle``).
+``orca``, ``oracle``, ``slack``).
 
 Each policy file declares its config (a ``PolicyConfig`` subclass) next to its
 policy; ``registry`` maps a name to both and to its instance roles.

@@ -19,6 +19,7 @@ from sloserve.policies.base import Policy, PolicyConfig
 from sloserve.policies.oracle import OracleConfig, OraclePolicy
 from sloserve.policies.orca import OrcaConfig, OrcaPolicy
 from sloserve.policies.sarathi import SarathiConfig, SarathiPolicy
+from sloserve.policies.slack import SlackConfig, SlackPolicy
 from sloserve.policies.vllm import VllmConfig, VllmPolicy
 
 BASELINE = "vllm"  # vLLM's scheduler: what every comparison is against (DESIGN.md)
@@ -74,6 +75,7 @@ _SPECS: dict[str, PolicySpec] = {
         PolicySpec("accelgen", AccelGenConfig, MappingProxyType({"lp": AccelGenPolicy})),
         PolicySpec("orca", OrcaConfig, MappingProxyType({"lp": OrcaPolicy})),
         PolicySpec("oracle", OracleConfig, MappingProxyType({"lp": OraclePolicy})),
+        PolicySpec("slack", SlackConfig, MappingProxyType({"lp": SlackPolicy})),
     )
 }
 
