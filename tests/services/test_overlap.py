@@ -26,7 +26,8 @@ Streams = dict[str, list[tuple[int, int, str | None]]]  # rid -> (index, token, 
 
 def _status(stack: Stack) -> scheduler_pb2.SchedulerStatus:
     with grpc.insecure_channel(stack.services["scheduler-lp0"].address) as ch:
-        return scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest())
+        return scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest(),
+                                                       metadata=stack.internal_metadata)
 
 
 def _run(stack: Stack, prompts: dict[str, list[int]], max_tokens: dict[str, int],
