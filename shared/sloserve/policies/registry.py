@@ -21,7 +21,7 @@ from sloserve.policies.orca import OrcaConfig, OrcaPolicy
 from sloserve.policies.sarathi import SarathiConfig, SarathiPolicy
 from sloserve.policies.vllm import VllmConfig, VllmPolicy
 
-BASELINE = "vllm"  # vLLM's scheduler: what every comparison is against (DESIGN.md)
+BASELINE = "vllm"  # vLLM's scheduler: what every comparison is against (docs/design.md)
 
 
 @dataclass(frozen=True, slots=True)

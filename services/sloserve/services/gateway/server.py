@@ -1,7 +1,7 @@
 """Gateway service: ``Generate`` (server-streaming tokens), ``Cancel``, ``Info``.
 
 Validates input (INVALID_ARGUMENT naming the field, ``validate``), tokenizes,
-fills SLO defaults, stamps the arrival time (DESIGN.md: TTFT starts at the
+fills SLO defaults, stamps the arrival time (docs/design.md: TTFT starts at the
 gateway) and streams each token to the client as its scheduler reports it.
 Every multi-instance decision (route, ticket, offload, drop, cancel) is the
 core ``Controller``'s; this shell carries out its actions: a ``Dispatch``
