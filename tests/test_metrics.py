@@ -1,4 +1,4 @@
-"""Metric definitions (DESIGN.md "Measurements") on hand-built requests, and criteria."""
+"""Metric definitions (docs/design.md "Measurements") on hand-built requests, and criteria."""
 
 from __future__ import annotations
 

@@ -61,7 +61,7 @@ class BatchSample:
 
 @dataclass(slots=True)
 class BatchPlan:
-    """One iteration's decision for one instance (DESIGN.md, policy interface)."""
+    """One iteration's decision for one instance (docs/design.md, policy interface)."""
 
     items: list[ScheduledItem] = field(default_factory=list)
     preempted: list[str] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Serving metrics and capacity criteria, exactly as DESIGN.md "Measurements" defines them.
+"""Serving metrics and capacity criteria, exactly as docs/design.md "Measurements" defines them.
 
 Times are seconds. Every percentile or share whose population is empty is
 ``None`` (JSON ``null``), never NaN, so a summary is always valid JSON.
@@ -59,7 +59,7 @@ def summarize(
     preemptions: int | None = None,
     iterations: int | None = None,
 ) -> Summary:
-    """All DESIGN.md measurements for one run (numpy over concatenated token times)."""
+    """All docs/design.md measurements for one run (numpy over concatenated token times)."""
     n = len(requests)
     counts = np.fromiter((len(r.token_times) for r in requests), dtype=np.int64, count=n)
     total = int(counts.sum())
@@ -185,7 +185,7 @@ def check_criterion(criterion: str, tbt_slo: float | None = None) -> None:
 def meets(
     summary: Summary, criterion: str, target: float = 0.9, tbt_slo: float | None = None
 ) -> bool:
-    """Whether a run meets a capacity criterion (DESIGN.md "Capacity").
+    """Whether a run meets a capacity criterion (docs/design.md "Capacity").
 
     ``goodput``: goodput_share ≥ target. ``token``: token_criterion_share ≥
     target. ``tail`` (Sarathi-Serve §5.1): pooled P99 TBT ≤ ``tbt_slo`` and

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from sloserve.client import Client
 from sloserve.services.store import free_port
@@ -82,3 +83,47 @@ def test_up_derives_policy_knobs_as_simulate_does_and_turns_offload_off_without_
     assert split.offload_threshold > 0
     assert split.lp_max_num_seqs == 128  # Ascendra §6.2, as in the simulator
     assert split.token_budget == 2048  # Alg. 1 N = hp_worst_batch_tokens, as in the simulator
+
+
+def _up(tmp_path: Path, *flags: str, redis: bool = False) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if redis or k != "REDIS_URL"}
+    return subprocess.run(
+        [sys.executable, "-m", "sloserve.services.cli", "up", "--http-port", "0",
+         "--log-dir", str(tmp_path / "logs"), *flags],
+        capture_output=True, text=True, env=env, timeout=60)
+
+
+@pytest.mark.parametrize(("flags", "named"), [
+    (("--model", "llama-99b"), "--model: unknown preset 'llama-99b'"),
+    (("--gpu", "z100"), "--gpu: unknown hardware 'z100'"),
+    (("--backend", "torch", "--gpu", "tpu"), "--gpu: torch runs on 'cpu'"),
+    (("--backend", "torch", "--model", "smollm2-135m", "--weights", "/no/such/dir"),
+     "--weights: '/no/such/dir' does not exist"),
+    (("--redis-url", "http://127.0.0.1:6379"), "--redis-url: cannot parse"),
+    (("--redis-url", "redis://127.0.0.1:1/0"), "--redis-url: cannot reach"),
+])
+def test_up_rejects_a_bad_flag_in_one_line_before_starting_anything(
+        tmp_path: Path, flags: tuple[str, ...], named: str) -> None:
+    t0 = time.monotonic()
+    done = _up(tmp_path, *flags)
+    assert time.monotonic() - t0 < 5
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and named in done.stderr, done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "logs").exists()  # no service was started, no log written
+
+
+def test_up_prints_the_log_tail_of_a_service_that_dies_at_start(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:  # the gateway's port is in use: it exits at once
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        t0 = time.monotonic()
+        done = _up(tmp_path, "--port", str(port))
+    assert time.monotonic() - t0 < 30  # not the 60 s health-check timeout
+    assert done.returncode == 1, done.stderr
+    assert "gateway exited with code 2 at start" in done.stderr, done.stderr
+    assert f"  | python -m sloserve.services.gateway: error: port {port}" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -6,7 +6,7 @@ server instead (stock ``vllm serve``): ``bench_openai``.
 The workload is built exactly as ``sloserve simulate`` builds it (same trace,
 seed, arrivals and SLOs), each request is sent at its arrival offset with a
 prompt of its exact token length, and the measured token times (the
-gateway's clock, DESIGN.md: TTFT from arrival at the gateway) go through the
+gateway's clock, docs/design.md: TTFT from arrival at the gateway) go through the
 same ``sloserve.metrics.summarize``, so the JSON keys match ``simulate``'s.
 
 On top, ``vllm bench serve``'s conventions (``bench_metrics``, ``bench_report``):

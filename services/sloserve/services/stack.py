@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,7 @@ from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
 VLLM_START_S = 300.0
+LOG_TAIL_LINES = 20
 INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
 
 
@@ -82,6 +84,28 @@ class StackConfig:
         fills them (the gateway's default TBT SLO stands for the workload's)."""
         base = self.policy_config or get_spec(self.policy).config_cls()
         return base.resolved(tbt_slo=self.tbt_slo, slo_mix=None)
+
+
+class StartFailed(RuntimeError):
+    """A service exited (or never became healthy) while the stack was starting;
+    ``tail`` holds the last lines of its log (empty without a ``log_dir``)."""
+
+    def __init__(self, name: str, why: str, log: Path | None, tail: list[str]) -> None:
+        where = f"; last {len(tail)} lines of {log}:" if tail else ""
+        super().__init__(f"{name} {why} at start{where}")
+        self.name, self.why, self.log, self.tail = name, why, log, tail
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of ``path`` ([] if it is missing)."""
+    try:
+        with path.open("rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
 
 
 @dataclass(slots=True)
@@ -201,13 +225,33 @@ class Stack:
             for name in backends:
                 self.spawn(name)
             for name in backends:
-                wait_healthy(self.services[name].address, self.services[name].health, timeout)
+                self._wait_started(name, time.monotonic() + timeout)
             self.spawn(gateway)
-            wait_healthy(self.services[gateway].address, self.services[gateway].health, timeout)
+            self._wait_started(gateway, time.monotonic() + timeout)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_started(self, name: str, deadline: float) -> None:
+        """Wait for ``name`` to be SERVING; its exit (or the deadline) raises
+        :class:`StartFailed` with its log tail, without waiting out the rest."""
+        svc = self.services[name]
+        while True:
+            if svc.proc is not None and svc.proc.poll() is not None:
+                raise self._failed(name, f"exited with code {svc.proc.returncode}")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise self._failed(name, "was not healthy")
+            try:
+                wait_healthy(svc.address, svc.health, min(1.0, left))
+                return
+            except TimeoutError:
+                continue
+
+    def _failed(self, name: str, why: str) -> StartFailed:
+        log = self.cfg.log_dir / f"{name}.log" if self.cfg.log_dir is not None else None
+        return StartFailed(name, why, log, log_tail(log) if log is not None else [])
 
     def spawn(self, name: str) -> None:
         svc = self.services[name]
@@ -260,6 +304,7 @@ class Stack:
         if self.embedded is not None:
             self.embedded.close()
             self.embedded = None
+            self.redis_url = ""  # gone with it: a second stop() has no keys to forget
         elif not self.cfg.prefix and self.redis_url:
             self._forget_keys()  # a random prefix can never be resumed: leave Redis clean
 

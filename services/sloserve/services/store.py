@@ -1,4 +1,4 @@
-"""Redis: the one place state outlives a process (DESIGN.md, storage).
+"""Redis: the one place state outlives a process (docs/design.md, storage).
 
 ``REDIS_URL`` names a real Redis. With none configured, ``sloserve up`` starts
 an :class:`EmbeddedRedis`: fakeredis's TCP server on a loopback port, so every

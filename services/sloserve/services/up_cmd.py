@@ -6,12 +6,17 @@ addresses and whether API keys are required, then supervises
 (``supervisor.py``): a service whose process dies or that stops answering its
 health check is restarted alone, with backoff (its scheduler state is in
 Redis). It exits only on Ctrl-C or SIGTERM, shutting everything down.
+
+It fails fast (``preflight.py``): a bad model, GPU, weights path or Redis URL is
+one line naming the flag and exit 2, before anything starts; a service that
+exits at start ends ``up`` with exit 1 and the last lines of that service's log.
 """
 
 from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -23,7 +28,8 @@ from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.executor.backends import VLLM
-from sloserve.services.stack import VLLM_START_S, Stack, StackConfig
+from sloserve.services.preflight import check_up
+from sloserve.services.stack import VLLM_START_S, Stack, StackConfig, StartFailed
 from sloserve.services.supervisor import Policy, Supervisor
 
 UNHEALTHY_S = 10.0
@@ -96,7 +102,11 @@ def _masked(url: str) -> str:
     if not u.password:
         return url
     host = u.hostname or ""
-    netloc = f"{u.username or ''}:***@{host}" + (f":{u.port}" if u.port else "")
+    try:
+        port = u.port
+    except ValueError:  # an unparsable port: show none rather than fail on the message
+        port = None
+    netloc = f"{u.username or ''}:***@{host}" + (f":{port}" if port else "")
     return urlunsplit(u._replace(netloc=netloc))
 
 
@@ -104,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
+    check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url)  # 1 line, exit 2
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -114,7 +125,13 @@ def run(args: argparse.Namespace) -> int:
                                            else UNHEALTHY_REAL_S)
     supervisor: Supervisor | None = None
     try:
-        stack.start()
+        try:
+            stack.start()
+        except StartFailed as exc:  # its own words, not a traceback through ours
+            print(f"sloserve up: error: {exc}", file=sys.stderr)
+            for line in exc.tail:
+                print(f"  | {line}", file=sys.stderr)
+            return 1
         print(f"redis      {_masked(stack.redis_url)}{' (embedded)' if stack.embedded else ''}"
               f"  prefix {stack.prefix}")
         for name, svc in stack.services.items():

@@ -1,4 +1,4 @@
-"""``TorchEngine``: the real executor behind the ``torch`` backend (DESIGN.md, executors).
+"""``TorchEngine``: the real executor behind the ``torch`` backend (docs/design.md, executors).
 
 The scheduler owns the decisions (``BatchPlan``) and the KV blocks
 (``sloserve.kv.BlockManager``); the engine owns the weights, the paged KV

@@ -25,7 +25,7 @@ class OnlinePerfModel(PerfModel, Protocol):
 class TimingSource(Protocol):
     """Ground truth for a simulated GPU: the *actual* duration of a batch.
 
-    Schedulers never see this object (DESIGN.md, executors: sim).
+    Schedulers never see this object (docs/design.md, executors: sim).
     """
 
     def batch_time(self, shape: BatchShape) -> float: ...

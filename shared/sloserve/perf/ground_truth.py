@@ -1,4 +1,4 @@
-"""Ground-truth batch time of a simulated GPU (DESIGN.md, executors: sim).
+"""Ground-truth batch time of a simulated GPU (docs/design.md, executors: sim).
 
 ``t = overhead + linear(N) + lm_head(B) + attention + all_reduce``, times
 multiplicative lognormal noise. N = tokens in the batch, B = sequences.

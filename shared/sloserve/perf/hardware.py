@@ -1,4 +1,4 @@
-"""Hardware table: peak dense bf16 compute, HBM bandwidth, memory (DESIGN.md)."""
+"""Hardware table: peak dense bf16 compute, HBM bandwidth, memory (docs/design.md)."""
 
 from __future__ import annotations
 

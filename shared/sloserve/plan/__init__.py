@@ -1,1 +1,1 @@
-"""BestServe planner (papers/bestserve.txt): Estimator, fast simulators, Optimizer."""
+"""BestServe planner (docs/papers.md): Estimator, fast simulators, Optimizer."""

@@ -1,4 +1,4 @@
-"""The policy seam (DESIGN.md): a read-only view of one instance in, a ``BatchPlan`` out.
+"""The policy seam (docs/design.md): a read-only view of one instance in, a ``BatchPlan`` out.
 
 Modelled on Vidur/sarathi-serve's ``BaseReplicaScheduler``: ``schedule`` is
 their ``_get_next_batch``; ``on_batch_end`` runs after each iteration.

@@ -22,7 +22,7 @@ from sloserve.policies.sarathi import SarathiConfig, SarathiPolicy
 from sloserve.policies.slack import SlackConfig, SlackPolicy
 from sloserve.policies.vllm import VllmConfig, VllmPolicy
 
-BASELINE = "vllm"  # vLLM's scheduler: what every comparison is against (DESIGN.md)
+BASELINE = "vllm"  # vLLM's scheduler: what every comparison is against (docs/design.md)
 
 
 @dataclass(frozen=True, slots=True)

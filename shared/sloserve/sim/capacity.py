@@ -1,7 +1,7 @@
 """Capacity: the largest Poisson arrival rate meeting a criterion, by bisection.
 
 Sarathi-Serve §5.1 and BestServe Algorithm 8 search the same way. The
-criterion is always named with the number (DESIGN.md, Measurements).
+criterion is always named with the number (docs/design.md, Measurements).
 """
 
 from __future__ import annotations

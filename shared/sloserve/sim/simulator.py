@@ -1,4 +1,4 @@
-"""Per-iteration discrete-event simulator (DESIGN.md: one implementation, two drivers).
+"""Per-iteration discrete-event simulator (docs/design.md: one implementation, two drivers).
 
 Each instance is a ``sloserve.instance.Instance`` with its policy; the core
 ``Controller`` places arrivals, offloads and drops exactly as it does in the
@@ -243,5 +243,5 @@ class Simulation:
 
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:
-    """Run one simulation and return the metrics JSON object (DESIGN.md definitions)."""
+    """Run one simulation and return the metrics JSON object (docs/design.md definitions)."""
     return Simulation(cfg).run()

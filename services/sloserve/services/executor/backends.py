@@ -1,6 +1,6 @@
 """Executor backends: the seam between the executor service and what runs a batch.
 
-``sim`` (DESIGN.md, executors): no model; a batch lasts its ground-truth time
+``sim`` (docs/design.md, executors): no model; a batch lasts its ground-truth time
 (``ProfileTiming``, real GPU profiles) and produces deterministic pseudo-tokens,
 printable ASCII so the byte-level tokenizer turns them into text. ``torch``
 lives in :mod:`sloserve.services.executor.torch_backend`, ``vllm`` in

@@ -3,7 +3,7 @@
 Our scheduler decides every iteration and owns every KV block; each
 ``BatchPlan`` (added sequences, chunk sizes, block tables, preemptions,
 frees) becomes one forward pass of vLLM's worker over vLLM's KV cache at the
-block ids our ``BlockManager`` assigned, sampled by vLLM's sampler (DESIGN.md,
+block ids our ``BlockManager`` assigned, sampled by vLLM's sampler (docs/design.md,
 executors). vLLM's internal types stay in :mod:`.vllm_adapter`.
 
 Contract (as the ``torch`` backend, ``docs/torch-executor.md``): an item runs

@@ -1,7 +1,7 @@
 """Gateway service: ``Generate`` (server-streaming tokens), ``Cancel``, ``Info``.
 
 Validates input (INVALID_ARGUMENT naming the field, ``validate``), tokenizes,
-fills SLO defaults, stamps the arrival time (DESIGN.md: TTFT starts at the
+fills SLO defaults, stamps the arrival time (docs/design.md: TTFT starts at the
 gateway) and streams each token to the client as its scheduler reports it.
 Every multi-instance decision (route, ticket, offload, drop, cancel) is the
 core ``Controller``'s; this shell carries out its actions: a ``Dispatch``
@@ -369,9 +369,10 @@ async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:
 
 
 def parse_schedulers(values: list[str]) -> dict[str, str]:
-    """``id=host:port`` pairs (roles come from each scheduler's Status)."""
+    """``id=host:port`` pairs (roles come from each scheduler's Status); a value may hold
+    several, comma-separated (one ConfigMap entry for them all: infra/k8s)."""
     out: dict[str, str] = {}
-    for v in values:
+    for v in [part.strip() for value in values for part in value.split(",")]:
         iid, sep, addr = v.partition("=")
         if not sep or not iid or not addr:
             raise ValueError(f"--scheduler: expected ID=HOST:PORT, got {v!r}")
@@ -423,7 +424,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("gateway", port=50051, redis=False)
-    p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT")
+    p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
+                   help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
     p.add_argument("--ttft-slo", type=float, default=TTFT_SLO,
                    help="default TTFT SLO, s (0: none)")
     p.add_argument("--tbt-slo", type=float, default=TBT_SLO, help="default TBT SLO, s (0: none)")

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# docker-compose.yml for real: build the images, start the stack, bench 100 requests
+# through the gateway (with an API key), tear everything down. Minutes (the first
+# build installs the dependencies), so it is not part of the default test run.
+# Needs a Docker engine (../shared/tools/container-engine on our machines) and, on this
+# host, `sloserve` importable (the bench client).
+#   infra/compose_smoke.sh [RESULT_JSON]      # exit 0: 100/100 requests finished
+set -euo pipefail
+cd "$(dirname "$0")/.."
+result=${1:-$(mktemp --suffix=.json)}
+project=sloserve-smoke-$$
+export SLOSERVE_REDIS_PASSWORD=$(python -c "import secrets; print(secrets.token_hex(24))")
+export SLOSERVE_INTERNAL_TOKEN=$(python -c "import secrets; print(secrets.token_hex(32))")
+export SLOSERVE_API_KEYS=smoke-$(python -c "import secrets; print(secrets.token_hex(8))")
+export SLOSERVE_API_KEY=$SLOSERVE_API_KEYS  # the bench client's key
+export SLOSERVE_GATEWAY_PORT=${SLOSERVE_GATEWAY_PORT:-$(python -c \
+  "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+compose() { docker compose -p "$project" "$@"; }
+trap 'compose logs --no-color --tail 20 >&2 || true; compose down -v --remove-orphans' ERR
+trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
+t0=$(date +%s)
+compose up --build -d
+python - "127.0.0.1:$SLOSERVE_GATEWAY_PORT" <<'PY'
+import sys, time
+from sloserve.services.rpc import wait_healthy
+wait_healthy(sys.argv[1], "", timeout=180)
+PY
+t_up=$(date +%s)
+sloserve_bench() { python -m sloserve.services.cli bench "$@"; }
+sloserve_bench --target "127.0.0.1:$SLOSERVE_GATEWAY_PORT" --trace sharegpt --qps 5 \
+  --num-requests 100 --seed 0 --disable-tqdm --goodput ttft:1000 tpot:150 \
+  --result-file "$result"
+t_bench=$(date +%s)
+python - "$result" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+done = rows[-1].get("completed")
+print(f"smoke: completed {done}/100")
+sys.exit(0 if done == 100 else 1)
+PY
+echo "smoke: up+build $((t_up - t0)) s, bench $((t_bench - t_up)) s, result $result"

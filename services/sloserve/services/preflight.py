@@ -1,0 +1,112 @@
+"""``sloserve up`` checks its flags before it starts anything (issue 12, item 5).
+
+Each check raises ``ValueError("--flag: why")``; the CLI prints that one line and
+exits 2. What is checked is what a child service would otherwise die on a minute
+later: the model preset (the perf-model service fits every backend's model by its
+preset shape), the GPU (sim: a profiled GPU; torch/vllm: ``cpu``, ``cuda[:N]`` or a
+known GPU name, which means CUDA), the weights path, and the Redis URL (parsed,
+then one PING within ``REDIS_TIMEOUT_S``, password included). ``--policy`` and
+``--backend`` are argparse choices, rejected before this runs.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sloserve.services.store import redis_url
+
+REDIS_TIMEOUT_S = 2.0
+_CUDA = re.compile(r"^cuda(:\d+)?$")
+
+
+def _flag(flag: str, exc: ValueError) -> ValueError:
+    """``exc``'s message under ``flag`` (core errors name the field without dashes)."""
+    msg = str(exc)
+    for field in ("model/gpu: ", "model: ", "gpu: ", "hardware: ", "weights: "):
+        if msg.startswith(field):
+            msg = msg[len(field):]
+            break
+    return ValueError(f"{flag}: {msg}")
+
+
+def check_model_and_gpu(backend: str, model: str, gpu: str) -> None:
+    from sloserve.perf.hardware import get_hardware, hardware_names
+    from sloserve.perf.models import get_model
+
+    try:
+        get_model(model)
+    except ValueError as exc:
+        raise _flag("--model", exc) from None
+    if backend == "sim":
+        from sloserve.perf.profiles import load_mlp_profile
+
+        try:
+            get_hardware(gpu)
+        except ValueError as exc:
+            raise _flag("--gpu", exc) from None
+        try:
+            load_mlp_profile(model, gpu)
+        except ValueError as exc:
+            raise _flag("--model/--gpu", exc) from None
+    elif not (gpu == "cpu" or _CUDA.match(gpu) or gpu.lower() in hardware_names()):
+        raise ValueError(f"--gpu: {backend} runs on 'cpu', 'cuda[:N]' or a CUDA GPU "
+                         f"({', '.join(hardware_names())}), got {gpu!r}")
+
+
+def check_weights(backend: str, model: str, weights: str | None) -> None:
+    if weights is None:
+        if backend == "vllm":
+            from sloserve.services.model_store import PREPARABLE
+
+            if model.lower() not in PREPARABLE:
+                raise ValueError(f"--model: vllm needs --weights DIR for {model!r}; only "
+                                 f"{list(PREPARABLE)} can be prepared locally")
+        return
+    if backend == "sim":
+        raise ValueError("--weights: the sim backend loads no weights; use --backend torch|vllm")
+    path = Path(weights)
+    if not path.exists():
+        raise ValueError(f"--weights: {weights!r} does not exist")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"--weights: {weights!r} is not a Hugging Face directory "
+                             "(no config.json)")
+    elif backend == "vllm" or path.suffix != ".gguf":
+        raise ValueError(f"--weights: {weights!r} is not a Hugging Face directory"
+                         + ("" if backend == "vllm" else " nor a .gguf file"))
+
+
+def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
+    """The configured Redis (``--redis-url``, else ``$REDIS_URL``) parses and answers PING."""
+    url = redis_url(explicit)
+    if url is None:
+        return  # embedded
+    flag = "--redis-url" if explicit else "$REDIS_URL"
+    import redis
+
+    from sloserve.services.up_cmd import _masked as masked
+
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
+                                      socket_timeout=timeout)
+    except ValueError as exc:
+        raise ValueError(f"{flag}: cannot parse {masked(url)!r}: {exc}") from None
+    try:
+        client.ping()
+    except redis.AuthenticationError as exc:
+        raise ValueError(f"{flag}: {masked(url)} refused the password: {exc}") from None
+    except (redis.RedisError, OSError) as exc:
+        raise ValueError(f"{flag}: cannot reach {masked(url)} within {timeout:.0f}s: "
+                         f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+                         ) from None
+    finally:
+        client.close()
+
+
+def check_up(backend: str, model: str, gpu: str, weights: str | None,
+             redis: str | None) -> None:
+    """Every check, cheapest first; the first failure raises."""
+    check_model_and_gpu(backend, model, gpu)
+    check_weights(backend, model, weights)
+    check_redis(redis)

@@ -1,0 +1,94 @@
+"""infra/k8s against the Kubernetes 1.37 schemas (``kubernetes-validate``, which ships
+them), plus what the schemas cannot say: pinned images, probes and resources on every
+container, the gateway's scheduler list from the ConfigMap, the OpenAI port exposed."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sloserve.services.gateway.server import parse_schedulers
+
+K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
+K8S_VERSION = "1.37.0"
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _schema_errors(docs: list[dict[str, Any]]) -> list[str]:
+    errors = []
+    for d in docs:
+        try:
+            kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            errors.append(f"{d['kind']}/{d['metadata']['name']}: {exc.message}")
+    return errors
+
+
+@pytest.fixture
+def manifests() -> list[dict[str, Any]]:
+    return _docs((K8S / "sloserve.yaml").read_text())
+
+
+def _containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [c for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+            for c in d["spec"]["template"]["spec"]["containers"]]
+
+
+def test_every_manifest_passes_the_kubernetes_schema(manifests: list[dict[str, Any]]) -> None:
+    assert len(manifests) >= 10
+    assert _schema_errors(manifests) == []
+
+
+def test_the_schema_check_catches_a_broken_manifest() -> None:
+    text = (K8S / "sloserve.yaml").read_text()
+    broken = text.replace("containerPort: 50051", 'containerPort: "fifty"', 1)
+    assert broken != text
+    assert any("gateway" in e for e in _schema_errors(_docs(broken)))
+    typo = text.replace("readinessProbe: { grpc:", "readinesProbe: { grpc:", 1)
+    assert _schema_errors(_docs(typo))  # strict: an unknown field is an error
+
+
+def test_every_container_has_a_pinned_image_probes_and_resources(
+        manifests: list[dict[str, Any]]) -> None:
+    pyproject = (K8S.parents[1] / "pyproject.toml").read_text()
+    version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)  # type: ignore[union-attr]
+    containers = _containers(manifests)
+    assert len(containers) == 5  # redis, perf-model, executor, scheduler, gateway
+    for c in containers:
+        name, _, tag = c["image"].partition(":")
+        assert tag and tag != "latest", c["name"]
+        if name == "sloserve-service":
+            assert tag == version, c["name"]
+        assert "readinessProbe" in c and "livenessProbe" in c, c["name"]
+        assert set(c["resources"]) == {"requests", "limits"}, c["name"]
+    kustomize = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    assert kustomize["resources"] == ["sloserve.yaml"]
+    pinned = {i["name"]: i["newTag"] for i in kustomize["images"]}
+    assert pinned == {c["image"].partition(":")[0]: c["image"].partition(":")[2]
+                      for c in containers}
+
+
+def test_the_gateway_reads_its_schedulers_from_the_configmap_and_serves_openai_on_8000(
+        manifests: list[dict[str, Any]]) -> None:
+    by = {(d["kind"], d["metadata"]["name"]): d for d in manifests}
+    gateway = by["Deployment", "gateway"]["spec"]["template"]["spec"]["containers"][0]
+    assert "$(SLOSERVE_SCHEDULERS)" in gateway["args"]
+    assert not [a for a in gateway["args"] if "instance-0" in a]  # nothing hard-coded
+    env = {e["name"]: e for e in gateway["env"]}
+    assert env["SLOSERVE_SCHEDULERS"]["valueFrom"]["configMapKeyRef"]["name"] == "sloserve"
+    schedulers = parse_schedulers([by["ConfigMap", "sloserve"]["data"]["schedulers"]])
+    replicas = by["StatefulSet", "instance"]["spec"]["replicas"]
+    assert schedulers == {f"instance-{k}": f"instance-{k}.instance:50071"
+                          for k in range(replicas)}
+    assert gateway["args"][gateway["args"].index("--http-port") + 1] == "8000"
+    assert {p["port"] for p in by["Service", "gateway"]["spec"]["ports"]} == {50051, 8000}
+    ingress = by["NetworkPolicy", "gateway-from-clients"]["spec"]["ingress"][0]["ports"]
+    assert {p["port"] for p in ingress} == {50051, 8000}
