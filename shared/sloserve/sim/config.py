@@ -39,6 +39,9 @@ class SimConfig:
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
+    # "stream": constant memory per request, percentiles from a 0.1 % relative-error sketch
+    # (sloserve.sketch); counts, shares and goodput stay exact. "exact": every value kept.
+    metrics: str = "exact"
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -52,6 +55,9 @@ class SimConfig:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
+        if self.metrics not in ("exact", "stream"):
+            raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
+                             f"got {self.metrics!r}")
         if not 0.0 <= self.jct_share <= 1.0:
             raise ValueError(f"jct_share (--jct-share): must be in [0, 1], got {self.jct_share!r}")
         if self.jct_share and self.slo_mix != "hetero":
