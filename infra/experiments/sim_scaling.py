@@ -40,7 +40,7 @@ def _elapsed(text: str | None) -> float | None:
     if text is None:
         return None
     parts = [float(p) for p in text.split(":")]
-    return sum(p * 60 ** k for k, p in enumerate(reversed(parts)))
+    return float(sum(p * 60.0 ** k for k, p in enumerate(reversed(parts))))
 
 
 def run_one(cli_args: list[str], timeout: float) -> dict[str, Any]:
