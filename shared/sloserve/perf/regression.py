@@ -78,6 +78,11 @@ class AscendraRegression:
         return self._c
 
     @property
+    def window(self) -> int:
+        """Samples the sliding window holds at most."""
+        return self._rows.maxlen or 0
+
+    @property
     def num_samples(self) -> int:
         """Samples currently in the sliding window."""
         return len(self._rows)

@@ -29,6 +29,7 @@ from sloserve.policies import get_spec, instance_roles
 from sloserve.policies.base import Policy
 from sloserve.request import Request, RequestStatus
 from sloserve.sim.config import SimConfig
+from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
 from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
@@ -91,6 +92,8 @@ class Simulation:
             self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
         else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
             self.perf_model.refit_every = 1 << 62
+        # what the policies see: the same model, its observations applied lazily (sim.deferred)
+        self.policy_perf = DeferredObservations(self.perf_model)
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.instances = [
@@ -98,7 +101,7 @@ class Simulation:
                 iid,
                 spec.make(role, self.policy_config, num_hp=cfg.hp_instances),
                 BlockManager(num_blocks, cfg.block_size),
-                self.perf_model,
+                self.policy_perf,
                 role=role,
             )
             for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
@@ -156,6 +159,7 @@ class Simulation:
         while heap:
             now, _, inst = pop(heap)
             finish(inst, now)
+        self.policy_perf.flush()  # the model as it would be after every observation
         return self._summary(now, time.perf_counter() - wall0)
 
     def _carry_out(self, action: Action, now: float) -> None:
@@ -207,7 +211,7 @@ class Simulation:
         plan, shape = flight
         self.in_flight[k] = None
         sample = BatchSample(shape, now - self.batch_start[k])
-        self.perf_model.observe(sample)
+        self.policy_perf.observe(sample)
         if self.cfg.record_samples:
             self.samples.append(sample)
             self.sample_times.append(self.batch_start[k])
