@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -49,16 +50,20 @@ def run_one(cli_args: list[str], timeout: float) -> dict[str, Any]:
            *cli_args, "--json"]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
+    # its own process group, so a cut-off run is ended whole (time -v and the simulator)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {"args": cli_args, "timed_out": True, "timeout_s": timeout,
                 "load_before": load0, "load_after": os.getloadavg()[0]}
     wall = time.perf_counter() - t0
-    err = proc.stderr
     if proc.returncode != 0:
         raise RuntimeError(f"simulate failed ({proc.returncode}): {err[-2000:]}")
-    summary = json.loads(proc.stdout)
+    summary = json.loads(out)
     rss_kb = _time_v(err, "Maximum resident set size (kbytes)")
     user, sys_ = _time_v(err, "User time (seconds)"), _time_v(err, "System time (seconds)")
     return {

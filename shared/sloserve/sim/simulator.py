@@ -36,7 +36,7 @@ from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
 REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
-FOLD_EVERY = 4096  # streaming metrics: finished requests folded into the summary at a time
+FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
 
 def build_timing(cfg: SimConfig) -> TimingSource:
