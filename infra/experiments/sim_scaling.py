@@ -79,6 +79,30 @@ def run_one(cli_args: list[str], timeout: float) -> dict[str, Any]:
     }
 
 
+SETUP_PROBE = """
+import json, resource, sys, time
+from sloserve.sim.config import SimConfig
+from sloserve.sim.simulator import Simulation
+n, inst, qps = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
+t0 = time.process_time()
+sim = Simulation(SimConfig(policy="sarathi", trace="sharegpt", instances=inst, qps=qps,
+                           num_requests=n, ttft_slo=1.0, tbt_slo=0.15, metrics="stream"))
+print(json.dumps({"num_requests": len(sim.workload.requests),
+                  "setup_cpu_s": round(time.process_time() - t0, 2),
+                  "setup_peak_rss_mb": round(
+                      resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+"""
+
+
+def probe_setup(n: int, instances: int, qps: float) -> dict[str, Any]:
+    """Workload generation and simulator construction alone for ``n`` requests: the part of
+    a run's memory that is there before the first event (every request is built up front)."""
+    proc = subprocess.run([sys.executable, "-c", SETUP_PROBE, str(n), str(instances), str(qps)],
+                          capture_output=True, text=True, check=True)
+    row: dict[str, Any] = json.loads(proc.stdout)
+    return row
+
+
 def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     out_path = Path(args.out)
     rows: list[dict[str, Any]] = []
@@ -140,10 +164,17 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="--target: runs to make")
     p.add_argument("--out", default="docs/results/sim_scaling.json")
     p.add_argument("--plot", metavar="JSON", help="only draw the PNG from a results file")
+    p.add_argument("--probe-setup", type=int, metavar="N",
+                   help="only build the workload and simulator for N requests: CPU and RSS")
     p.add_argument("--png", default="docs/results/sim_scaling.png")
     args = p.parse_args()
     if args.plot:
         plot(args.plot, args.png)
+    elif args.probe_setup:
+        row = probe_setup(args.probe_setup, args.instances,
+                          args.qps_per_instance * args.instances)
+        print(json.dumps(row))
+        Path(args.out).write_text(json.dumps(row, indent=1))
     elif args.target:
         rows = []
         for _ in range(args.repeat):
