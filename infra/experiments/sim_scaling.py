@@ -103,6 +103,58 @@ def probe_setup(n: int, instances: int, qps: float) -> dict[str, Any]:
     return row
 
 
+class _OutOfTime(Exception):
+    pass
+
+
+def partial_run(n: int, instances: int, qps: float, budget_s: float, every: int,
+                out_path: Path) -> dict[str, Any]:
+    """A run too long to finish here: simulate ``n`` requests in this process for at most
+    ``budget_s`` CPU seconds, recording progress (requests finished, CPU, RSS) every
+    ``every`` finished requests, so its rate and memory are measured, not guessed."""
+    import resource
+
+    from sloserve.sim import simulator
+    from sloserve.sim.config import SimConfig
+
+    t0 = time.process_time()
+    sim = simulator.Simulation(SimConfig(
+        policy="sarathi", trace="sharegpt", instances=instances, qps=qps, num_requests=n,
+        ttft_slo=1.0, tbt_slo=0.15, metrics="stream"))
+    setup = time.process_time() - t0
+    points: list[dict[str, Any]] = []
+    row: dict[str, Any] = {"num_requests": n, "instances": instances, "qps": qps,
+                           "setup_cpu_s": round(setup, 2), "budget_cpu_s": budget_s,
+                           "points": points}
+    retire = sim._retire
+    done = 0
+
+    def counted(request_id: str) -> None:
+        nonlocal done
+        retire(request_id)
+        done += 1
+        if done % every == 0:
+            cpu = time.process_time() - t0
+            points.append({"finished": done, "cpu_s": round(cpu, 2),
+                           "iterations": sim.num_iterations,
+                           "rss_mb": round(resource.getrusage(
+                               resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+                           "load": os.getloadavg()[0]})
+            out_path.write_text(json.dumps(row, indent=1))
+            print(points[-1], flush=True)
+            if cpu > budget_s:
+                raise _OutOfTime
+
+    sim._retire = counted  # type: ignore[method-assign]
+    try:
+        row["summary"] = sim.run()
+        row["completed"] = True
+    except _OutOfTime:
+        row["completed"] = False
+    out_path.write_text(json.dumps(row, indent=1))
+    return row
+
+
 def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     out_path = Path(args.out)
     rows: list[dict[str, Any]] = []
@@ -164,12 +216,20 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=1, help="--target: runs to make")
     p.add_argument("--out", default="docs/results/sim_scaling.json")
     p.add_argument("--plot", metavar="JSON", help="only draw the PNG from a results file")
+    p.add_argument("--partial", type=int, metavar="N",
+                   help="simulate N requests in-process for at most --budget CPU seconds, "
+                        "recording progress")
+    p.add_argument("--budget", type=float, default=1800.0)
+    p.add_argument("--every", type=int, default=20000)
     p.add_argument("--probe-setup", type=int, metavar="N",
                    help="only build the workload and simulator for N requests: CPU and RSS")
     p.add_argument("--png", default="docs/results/sim_scaling.png")
     args = p.parse_args()
     if args.plot:
         plot(args.plot, args.png)
+    elif args.partial:
+        partial_run(args.partial, args.instances, args.qps_per_instance * args.instances,
+                    args.budget, args.every, Path(args.out))
     elif args.probe_setup:
         row = probe_setup(args.probe_setup, args.instances,
                           args.qps_per_instance * args.instances)
