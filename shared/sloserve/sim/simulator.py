@@ -139,10 +139,10 @@ class Simulation:
     # --- driving ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
         wall0 = time.perf_counter()
-        reqs: list[Request | None] = list(self.workload.requests)
+        reqs: list[Request | None] = list(self.workload.requests)  # each dropped on arrival
+        times = [r.arrival_time for r in self.workload.requests]
         if self.stream is not None:
             self.workload.requests = []  # released as they finish
-        times = [r.arrival_time for r in reqs if r is not None]
         heap, pop = self.ends.heap, heapq.heappop
         admit, carry_out, finish = self.controller.admit, self._carry_out, self._finish_batch
         now = 0.0
