@@ -176,7 +176,17 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
     return rows
 
 
-def plot(json_path: str, png: str) -> None:
+def projection(partial_json: str) -> tuple[int, float, float, float]:
+    """(requests, CPU s projected for all of them, CPU s measured, peak RSS MB) from a
+    ``--partial`` run: its last progress point's CPU per finished request, scaled."""
+    row = json.loads(Path(partial_json).read_text())
+    last = row["points"][-1]
+    per_request = (last["cpu_s"] - row["setup_cpu_s"]) / last["finished"]
+    total = row["setup_cpu_s"] + per_request * row["num_requests"]
+    return row["num_requests"], total, last["cpu_s"], max(p["rss_mb"] for p in row["points"])
+
+
+def plot(json_path: str, png: str, partial_json: str | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -187,6 +197,12 @@ def plot(json_path: str, png: str) -> None:
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.loglog(n, [r["elapsed_s"] for r in rows], "o-", label="wall")
     a.loglog(n, [r["cpu_s"] for r in rows], "s--", label="CPU (user+sys)")
+    if partial_json:
+        big, projected, measured, rss = projection(partial_json)
+        a.loglog([big], [projected], "s", mfc="none", color="C1",
+                 label=f"CPU, {big:,} projected from a cut-off run")
+        b.semilogx([big], [rss], "o", mfc="none", color="C0",
+                   label=f"{big:,}: peak so far (cut-off run)")
     a.axhline(600, color="grey", ls=":", label="10 min target")
     a.set_xlabel("requests")
     a.set_ylabel("seconds")
@@ -224,9 +240,10 @@ def main() -> None:
     p.add_argument("--probe-setup", type=int, metavar="N",
                    help="only build the workload and simulator for N requests: CPU and RSS")
     p.add_argument("--png", default="docs/results/sim_scaling.png")
+    p.add_argument("--with-partial", metavar="JSON", help="--plot: add a --partial run's point")
     args = p.parse_args()
     if args.plot:
-        plot(args.plot, args.png)
+        plot(args.plot, args.png, args.with_partial)
     elif args.partial:
         partial_run(args.partial, args.instances, args.qps_per_instance * args.instances,
                     args.budget, args.every, Path(args.out))
