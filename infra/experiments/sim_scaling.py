@@ -199,10 +199,10 @@ def plot(json_path: str, png: str, partial_json: str | None = None) -> None:
     a.loglog(n, [r["cpu_s"] for r in rows], "s--", label="CPU (user+sys)")
     if partial_json:
         big, projected, measured, rss = projection(partial_json)
-        a.loglog([big], [projected], "s", mfc="none", color="C1",
-                 label=f"CPU, {big:,} projected from a cut-off run")
-        b.semilogx([big], [rss], "o", mfc="none", color="C0",
-                   label=f"{big:,}: peak so far (cut-off run)")
+        done = json.loads(Path(partial_json).read_text())["completed"]
+        how = "in-process run" if done else "projected from a cut-off run"
+        a.loglog([big], [projected], "s", mfc="none", color="C1", label=f"CPU, {big:,}, {how}")
+        b.semilogx([big], [rss], "o", mfc="none", color="C0", label=f"{big:,}, {how}")
     a.axhline(600, color="grey", ls=":", label="10 min target")
     a.set_xlabel("requests")
     a.set_ylabel("seconds")
