@@ -199,7 +199,7 @@ def plot(json_path: str, png: str, partial_json: str | None = None) -> None:
     a.loglog(n, [r["cpu_s"] for r in rows], "s--", label="CPU (user+sys)")
     if partial_json:
         big, projected, measured, rss = projection(partial_json)
-        done = json.loads(Path(partial_json).read_text())["completed"]
+        done = json.loads(Path(partial_json).read_text()).get("completed", False)
         how = "in-process run" if done else "projected from a cut-off run"
         a.loglog([big], [projected], "s", mfc="none", color="C1", label=f"CPU, {big:,}, {how}")
         b.semilogx([big], [rss], "o", mfc="none", color="C0", label=f"{big:,}, {how}")
