@@ -87,10 +87,8 @@ class BatchPlan:
         return not self.items
 
     def shape(self) -> BatchShape:
-        prefills, decodes = [], []
-        for i in self.items:
-            if i.is_prefill:
-                prefills.append((i.num_tokens, i.context_len))
-            else:
-                decodes.append(i.context_len)
-        return BatchShape(tuple(prefills), tuple(decodes))
+        items = self.items
+        decodes = tuple([ctx for _, _, ctx, pre in items if not pre])
+        if len(decodes) == len(items):  # the common all-decode iteration
+            return BatchShape((), decodes)
+        return BatchShape(tuple([(n, ctx) for _, n, ctx, pre in items if pre]), decodes)

@@ -146,30 +146,35 @@ class Instance:
             req.num_preemptions += 1
             req.status = RequestStatus.WAITING
             self.num_preemptions += 1
-        # preempted requests go back to the front in arrival order (vLLM recompute)
-        back = sorted((self.requests[rid] for rid in plan.preempted), key=lambda r: r.arrival_time)
-        for req in reversed(back):
-            self.waiting.appendleft(req)
-        offloaded = self._take(plan.offloaded, RequestStatus.OFFLOADED, now)
-        dropped = self._take(plan.dropped, RequestStatus.DROPPED, now, plan.drop_reasons)
+        if plan.preempted:  # they go back to the front in arrival order (vLLM recompute)
+            back = sorted((self.requests[rid] for rid in plan.preempted),
+                          key=lambda r: r.arrival_time)
+            for req in reversed(back):
+                self.waiting.appendleft(req)
+        offloaded = (self._take(plan.offloaded, RequestStatus.OFFLOADED, now)
+                     if plan.offloaded else [])
+        dropped = (self._take(plan.dropped, RequestStatus.DROPPED, now, plan.drop_reasons)
+                   if plan.dropped else [])
         admitted: list[Request] = []
         requests, kv, bs = self.requests, self.kv, self.kv.block_size
         pkv = kv if isinstance(kv, PrefixCachingBlockManager) else None
         if pkv is not None:  # admitted requests take their hits before allocations can evict
             self._acquire_prefixes(plan)
-        for item in plan.items:
-            req = requests[item.request_id]
-            c, n = req.num_computed, item.num_tokens
-            if item.context_len != c or n > req.prompt_len + req.num_generated - c:
+        waiting, running = RequestStatus.WAITING, RequestStatus.RUNNING
+        for item in plan.items:  # per request per iteration: kept tight
+            rid, n, ctx, _ = item
+            req = requests[rid]
+            c = req.num_computed
+            if ctx != c or n > req.prompt_len + req.num_generated - c:
                 raise ValueError(f"plan: item {item} inconsistent with request state")
             # a request holds ceil(c / bs) blocks: it needs more only past a block boundary
             if c % bs == 0 or c % bs + n > bs:
-                kv.allocate(req.request_id, c + n)
+                kv.allocate(rid, c + n)
             if pkv is not None and (c + n) // bs > c // bs:  # a block became full
                 pkv.cache_full_blocks(req, c + n)
-            if req.status is RequestStatus.WAITING:
+            if req.status is waiting:
                 admitted.append(req)
-                req.status = RequestStatus.RUNNING
+                req.status = running
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
         if admitted:
@@ -224,17 +229,20 @@ class Instance:
                     if r.output_token_ids is None:
                         r.output_token_ids = []
                     r.output_token_ids.append(tok)
-        for item in plan.items:
-            req = requests.get(item.request_id)
+        get, emit = requests.get, events.append
+        for rid, n, _, _ in plan.items:  # per request per iteration: kept tight
+            req = get(rid)
             if req is None:  # cancelled while the batch ran
                 continue
-            req.num_computed += item.num_tokens
-            if req.num_computed < req.prompt_len + req.num_generated:
+            c = req.num_computed + n
+            req.num_computed = c
+            g = req.num_generated
+            if c < req.prompt_len + g:
                 continue
-            req.num_generated += 1
+            req.num_generated = g = g + 1
             req.token_times.append(end_time)
-            done = req.num_generated >= req.output_len or req.request_id in stop
-            events.append(TokenEvent(req.request_id, req.num_generated - 1, end_time, done))
+            done = g >= req.output_len or rid in stop
+            emit(TokenEvent(rid, g - 1, end_time, done))
             if done:
                 self._detach(req)
                 req.status = RequestStatus.FINISHED

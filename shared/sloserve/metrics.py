@@ -22,8 +22,9 @@ Times are seconds. Every percentile or share whose population is empty is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
+from typing import Protocol
 
 import numpy as np
 
@@ -33,12 +34,6 @@ Summary = dict[str, float | int | None]
 
 CRITERIA = ("goodput", "tail", "token")
 TAIL_SCHED_DELAY = 2.0  # seconds: Sarathi-Serve §5.1, median scheduling delay bound
-
-
-def _pct(values: np.ndarray, *qs: float) -> list[float | None]:
-    if values.size == 0:
-        return [None] * len(qs)
-    return [float(v) for v in np.percentile(values, qs)]
 
 
 def _share(hits: float, total: float) -> float | None:
@@ -51,15 +46,51 @@ def _slo_array(requests: Sequence[Request], kind: str) -> np.ndarray:
     )
 
 
-def summarize(
-    requests: Sequence[Request],
-    *,
-    duration: float | None = None,
-    kv_utilization: float | None = None,
-    preemptions: int | None = None,
-    iterations: int | None = None,
-) -> Summary:
-    """All docs/design.md measurements for one run (numpy over concatenated token times)."""
+# counters summed exactly over chunks of requests (RunSummary)
+_COUNTS = ("requests", "completed", "dropped", "good", "output_tokens", "gaps_on_time",
+           "gaps_judged", "first_on_time", "criterion_total", "jct_hits", "jct_judged",
+           "preemptions")
+# per-request or per-token values whose means and percentiles are reported
+DISTRIBUTIONS = ("ttft", "tbt", "mean_tbt", "sched_delay", "jct")
+
+
+class Distribution(Protocol):
+    """Values of one measurement: added in chunks, then a mean and percentiles."""
+
+    def add(self, values: np.ndarray) -> None: ...
+    def mean(self) -> float | None: ...
+    def percentiles(self, *qs: float) -> list[float | None]: ...
+
+
+class ExactDistribution:
+    """Every value kept: numpy's mean and linearly interpolated percentiles."""
+
+    def __init__(self) -> None:
+        self._parts: list[np.ndarray] = []
+
+    def add(self, values: np.ndarray) -> None:
+        self._parts.append(values)
+
+    def _values(self) -> np.ndarray:
+        if len(self._parts) != 1:
+            self._parts = [np.concatenate(self._parts) if self._parts else np.empty(0)]
+        return self._parts[0]
+
+    def mean(self) -> float | None:
+        v = self._values()
+        return float(v.mean()) if v.size else None
+
+    def percentiles(self, *qs: float) -> list[float | None]:
+        v = self._values()
+        if v.size == 0:
+            return [None] * len(qs)
+        return [float(x) for x in np.percentile(v, qs)]
+
+
+def _columns(requests: Sequence[Request]) -> tuple[dict[str, int], dict[str, np.ndarray],
+                                                   float, float]:
+    """One chunk of requests, measured (numpy over concatenated token times): its exact
+    counters, its values per distribution, its first arrival and its last finish."""
     n = len(requests)
     counts = np.fromiter((len(r.token_times) for r in requests), dtype=np.int64, count=n)
     total = int(counts.sum())
@@ -101,10 +132,6 @@ def summarize(
         jct_ok = np.isnan(jct_slo) | (jct <= jct_slo)
     good = int(np.count_nonzero(finished & ttft_ok & tbt_ok & jct_ok))
 
-    if duration is None and finished.any():
-        duration = float(np.nanmax(finish[finished]) - arrival.min())
-    rate_ok = duration is not None and duration > 0
-
     # token-level attainment
     gap_slo = tbt_slo[gap_owner]
     judged = ~np.isnan(gap_slo)
@@ -128,48 +155,115 @@ def summarize(
     has_jct = ~np.isnan(jct_slo)
     with np.errstate(invalid="ignore"):
         jct_hits = int(np.count_nonzero(has_jct & finished & (jct <= jct_slo)))
-
-    ttft_p = _pct(ttft[has_tok], 50, 90, 99)
-    tbt_p = _pct(gaps, 50, 90, 99)
-    mean_tbt_p = _pct(mean_tbt[multi], 50, 90, 99)
-    sched_p = _pct(sched, 50, 99)
-    jct_p = _pct(jct[finished], 50, 99)
-    return {
-        "requests": n,
-        "completed": int(finished.sum()),
-        "dropped": dropped,
-        "unfinished": n - int(finished.sum()) - dropped,
-        "good": good,
-        "goodput_share": _share(good, n),
-        "goodput_rps": good / duration if rate_ok else None,  # type: ignore[operator]
-        "duration": duration,
-        "ttft_mean": float(ttft[has_tok].mean()) if has_tok.any() else None,
-        "ttft_p50": ttft_p[0],
-        "ttft_p90": ttft_p[1],
-        "ttft_p99": ttft_p[2],
-        "tbt_mean": float(gaps.mean()) if gaps.size else None,
-        "tbt_p50": tbt_p[0],
-        "tbt_p90": tbt_p[1],
-        "tbt_p99": tbt_p[2],
-        "tbt_token_p99": tbt_p[2],
-        "mean_tbt_p50": mean_tbt_p[0],
-        "mean_tbt_p90": mean_tbt_p[1],
-        "mean_tbt_p99": mean_tbt_p[2],
-        "sched_delay_p50": sched_p[0],
-        "sched_delay_p99": sched_p[1],
-        "jct_p50": jct_p[0],
-        "jct_p99": jct_p[1],
-        "token_slo_attainment": _share(gaps_on_time, int(judged.sum())),
-        "token_criterion_share": _share(first_on_time + gaps_on_time, criterion_total),
-        "jct_slo_attainment": _share(jct_hits, int(has_jct.sum())),
-        "output_tokens": total,
-        "throughput_tok_s": total / duration if rate_ok else None,  # type: ignore[operator]
-        "preemptions": preemptions
-        if preemptions is not None
-        else sum(r.num_preemptions for r in requests),
-        "iterations": iterations,
-        "kv_utilization": kv_utilization,
+    exact = {
+        "requests": n, "completed": int(finished.sum()), "dropped": dropped, "good": good,
+        "output_tokens": total, "gaps_on_time": gaps_on_time,
+        "gaps_judged": int(judged.sum()), "first_on_time": first_on_time,
+        "criterion_total": criterion_total, "jct_hits": jct_hits,
+        "jct_judged": int(has_jct.sum()),
+        "preemptions": sum(r.num_preemptions for r in requests),
     }
+    values = {"ttft": ttft[has_tok], "tbt": gaps, "mean_tbt": mean_tbt[multi],
+              "sched_delay": sched, "jct": jct[finished]}
+    first_arrival = float(arrival.min()) if n else float("inf")
+    last_finish = float(np.nanmax(finish[finished])) if finished.any() else float("-inf")
+    return exact, values, first_arrival, last_finish
+
+
+class RunSummary:
+    """docs/design.md measurements accumulated over chunks of requests.
+
+    Counts, shares, goodput and duration are exact in any chunking; each
+    distribution is kept by ``distribution()``: every value (``summarize``) or a
+    quantile sketch of constant size (``sloserve.sketch``).
+    """
+
+    def __init__(self, distribution: Callable[[], Distribution] = ExactDistribution) -> None:
+        self.counts = dict.fromkeys(_COUNTS, 0)
+        self.dists = {k: distribution() for k in DISTRIBUTIONS}
+        self.first_arrival = float("inf")
+        self.last_finish = float("-inf")
+
+    def add(self, requests: Sequence[Request]) -> None:
+        """Fold ``requests`` (each in its final state) into the summary."""
+        if not requests:
+            return
+        exact, values, first, last = _columns(requests)
+        for k, v in exact.items():
+            self.counts[k] += v
+        for k, arr in values.items():
+            self.dists[k].add(arr)
+        self.first_arrival = min(self.first_arrival, first)
+        self.last_finish = max(self.last_finish, last)
+
+    def result(
+        self,
+        *,
+        duration: float | None = None,
+        kv_utilization: float | None = None,
+        preemptions: int | None = None,
+        iterations: int | None = None,
+    ) -> Summary:
+        c, d = self.counts, self.dists
+        n, completed, good, total = c["requests"], c["completed"], c["good"], c["output_tokens"]
+        if duration is None and completed:
+            duration = float(self.last_finish - self.first_arrival)
+        rate_ok = duration is not None and duration > 0
+        ttft_p = d["ttft"].percentiles(50, 90, 99)
+        tbt_p = d["tbt"].percentiles(50, 90, 99)
+        mean_tbt_p = d["mean_tbt"].percentiles(50, 90, 99)
+        sched_p = d["sched_delay"].percentiles(50, 99)
+        jct_p = d["jct"].percentiles(50, 99)
+        return {
+            "requests": n,
+            "completed": completed,
+            "dropped": c["dropped"],
+            "unfinished": n - completed - c["dropped"],
+            "good": good,
+            "goodput_share": _share(good, n),
+            "goodput_rps": good / duration if rate_ok else None,  # type: ignore[operator]
+            "duration": duration,
+            "ttft_mean": d["ttft"].mean(),
+            "ttft_p50": ttft_p[0],
+            "ttft_p90": ttft_p[1],
+            "ttft_p99": ttft_p[2],
+            "tbt_mean": d["tbt"].mean(),
+            "tbt_p50": tbt_p[0],
+            "tbt_p90": tbt_p[1],
+            "tbt_p99": tbt_p[2],
+            "tbt_token_p99": tbt_p[2],
+            "mean_tbt_p50": mean_tbt_p[0],
+            "mean_tbt_p90": mean_tbt_p[1],
+            "mean_tbt_p99": mean_tbt_p[2],
+            "sched_delay_p50": sched_p[0],
+            "sched_delay_p99": sched_p[1],
+            "jct_p50": jct_p[0],
+            "jct_p99": jct_p[1],
+            "token_slo_attainment": _share(c["gaps_on_time"], c["gaps_judged"]),
+            "token_criterion_share": _share(c["first_on_time"] + c["gaps_on_time"],
+                                            c["criterion_total"]),
+            "jct_slo_attainment": _share(c["jct_hits"], c["jct_judged"]),
+            "output_tokens": total,
+            "throughput_tok_s": total / duration if rate_ok else None,  # type: ignore[operator]
+            "preemptions": preemptions if preemptions is not None else c["preemptions"],
+            "iterations": iterations,
+            "kv_utilization": kv_utilization,
+        }
+
+
+def summarize(
+    requests: Sequence[Request],
+    *,
+    duration: float | None = None,
+    kv_utilization: float | None = None,
+    preemptions: int | None = None,
+    iterations: int | None = None,
+) -> Summary:
+    """All docs/design.md measurements for one run, every value kept (exact percentiles)."""
+    acc = RunSummary()
+    acc.add(requests)
+    return acc.result(duration=duration, kv_utilization=kv_utilization,
+                      preemptions=preemptions, iterations=iterations)
 
 
 def check_criterion(criterion: str, tbt_slo: float | None = None) -> None:

@@ -59,6 +59,9 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
+    p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
+                   help="stream: constant memory per request, percentiles within 0.1 %% "
+                        "(a sketch); counts, shares and goodput stay exact (default exact)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    help="turn off automatic prefix caching (on by default, as in vLLM V1; it "
@@ -97,7 +100,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
         seed=args.seed, tp=args.tp,
-        noise_cv=args.noise_cv, timing_profile=args.timing_profile,
+        noise_cv=args.noise_cv, timing_profile=args.timing_profile, metrics=args.metrics,
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
         prefix_caching=getattr(args, "prefix_caching", True),
         prefix_routing=getattr(args, "prefix_routing", False),

@@ -44,8 +44,9 @@ class SarathiPolicy(Policy):
         b = BatchBuilder(view, self.token_budget, self.config.max_num_seqs)
         decodes: list[Request] = []
         prefills: list[Request] = []
-        for r in view.running:
-            (prefills if r.in_prefill else decodes).append(r)
+        for r in view.running:  # r.in_prefill, inlined (it runs per request per iteration)
+            g = r.num_generated
+            (prefills if g == 0 or r.prompt_len + g - r.num_computed > 1 else decodes).append(r)
         add_decodes(b, decodes)
         for req in prefills:  # ongoing prefills, in admission order
             if not b.removed(req):

@@ -45,6 +45,9 @@ class SimConfig:
     prefix_caching: bool = True
     prefix_routing: bool = False  # route by cached prefix within a load bound (routing_prefix)
     admission: Admission | None = None  # admission control at arrival (None: queue everything)
+    # "stream": constant memory per request, percentiles from a 0.1 % relative-error sketch
+    # (sloserve.sketch); counts, shares and goodput stay exact. "exact": every value kept.
+    metrics: str = "exact"
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -58,6 +61,9 @@ class SimConfig:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
+        if self.metrics not in ("exact", "stream"):
+            raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
+                             f"got {self.metrics!r}")
         if not 0.0 <= self.jct_share <= 1.0:
             raise ValueError(f"jct_share (--jct-share): must be in [0, 1], got {self.jct_share!r}")
         if self.jct_share and self.slo_mix != "hetero":

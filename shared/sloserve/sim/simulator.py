@@ -11,6 +11,7 @@ executed batch, as the live perf-model service does.
 
 from __future__ import annotations
 
+import heapq
 import time
 from typing import Any
 
@@ -20,21 +21,26 @@ from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
+from sloserve.metrics import RunSummary
 from sloserve.perf.base import TimingSource
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import ModelShape, get_model
 from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
 from sloserve.policies import get_spec, instance_roles
+from sloserve.policies.base import Policy
 from sloserve.request import Request, RequestStatus
 from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
-from sloserve.sim.events import EventKind, EventQueue
+from sloserve.sim.deferred import DeferredObservations
+from sloserve.sim.events import BatchEnds, arrival_order
+from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
 REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
+FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
 
 def build_timing(cfg: SimConfig) -> TimingSource:
@@ -94,6 +100,8 @@ class Simulation:
             self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
         else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
             self.perf_model.refit_every = 1 << 62
+        # what the policies see: the same model, its observations applied lazily (sim.deferred)
+        self.policy_perf = DeferredObservations(self.perf_model)
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.workload = build_workload(cfg, self.model, self.timing)
@@ -105,7 +113,7 @@ class Simulation:
                 iid,
                 spec.make(role, self.policy_config, num_hp=cfg.hp_instances),
                 kv_cls(num_blocks, cfg.block_size),
-                self.perf_model,
+                self.policy_perf,
                 role=role,
             )
             for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
@@ -121,7 +129,7 @@ class Simulation:
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
         self.admission = (None if cfg.admission is None
                           else for_deployment(cfg.admission, cfg.hp_instances))
-        self.events = EventQueue()
+        self.ends = BatchEnds()
         self.requests = {r.request_id: r for r in self.workload.requests}
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
@@ -130,6 +138,15 @@ class Simulation:
         self.num_iterations = 0
         self.num_offloads = 0
         self.kv_util_sum = 0.0
+        # policies that decide tickets themselves get a view; the rest always offer one
+        self._ticket_hook = [type(i.policy).offers_ticket is not Policy.offers_ticket
+                             for i in self.instances]
+        # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
+        # constant-size summary in chunks and released (sloserve.sketch)
+        self.stream: RunSummary | None = None
+        self._retired: list[Request] = []
+        if cfg.metrics == "stream":
+            self.stream = RunSummary(QuantileSketch)
 
     def _kv_blocks(self, hw: Any) -> int:
         from sloserve.perf.memory import kv_capacity_blocks
@@ -139,17 +156,27 @@ class Simulation:
     # --- driving ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
         wall0 = time.perf_counter()
-        reqs = self.workload.requests
-        for k, req in enumerate(reqs):
-            self.events.push(req.arrival_time, EventKind.ARRIVAL, k)
+        reqs: list[Request | None] = list(self.workload.requests)  # each dropped on arrival
+        times = [r.arrival_time for r in self.workload.requests]
+        if self.stream is not None:
+            self.workload.requests = []  # released as they finish
+        heap, pop = self.ends.heap, heapq.heappop
+        admit, carry_out, finish = self.controller.admit, self._carry_out, self._finish_batch
         now = 0.0
-        while self.events:
-            ev = self.events.pop()
-            now = ev.time
-            if ev.kind is EventKind.ARRIVAL:
-                self._carry_out(self.controller.admit(reqs[ev.target], now), now)
-            else:
-                self._finish_batch(ev.target, now)
+        for k in arrival_order(times):
+            t = times[k]
+            while heap and heap[0][0] <= t:  # batch ends first at equal times
+                now, _, inst = pop(heap)
+                finish(inst, now)
+            now = t
+            req = reqs[k]
+            reqs[k] = None
+            assert req is not None
+            carry_out(admit(req, now), now)
+        while heap:
+            now, _, inst = pop(heap)
+            finish(inst, now)
+        self.policy_perf.flush()  # the model as it would be after every observation
         return self._summary(now, time.perf_counter() - wall0)
 
     def _carry_out(self, action: Action, now: float) -> None:
@@ -167,6 +194,16 @@ class Simulation:
             self._kick(k, now)
         else:
             req.status, req.finish_time = RequestStatus.DROPPED, now
+            if self.stream is not None:
+                self._retire(req.request_id)
+
+    def _retire(self, request_id: str) -> None:
+        """Streaming metrics: a finished or dropped request leaves the simulator."""
+        self._retired.append(self.requests.pop(request_id))
+        if len(self._retired) >= FOLD_EVERY:
+            assert self.stream is not None
+            self.stream.add(self._retired)
+            self._retired = []
 
     def _kick(self, k: int, now: float) -> None:
         """Start the next iteration on instance ``k`` if it is idle and has work;
@@ -188,7 +225,7 @@ class Simulation:
             self.plans.append((inst.instance_id, now, end, plan))
         self.in_flight[k] = (plan, shape)
         self.batch_start[k] = now
-        self.events.push(end, EventKind.BATCH_END, k)
+        self.ends.push(end, k)
 
     def _finish_batch(self, k: int, now: float) -> None:
         inst = self.instances[k]
@@ -197,30 +234,41 @@ class Simulation:
         plan, shape = flight
         self.in_flight[k] = None
         sample = BatchSample(shape, now - self.batch_start[k])
-        self.perf_model.observe(sample)
+        self.policy_perf.observe(sample)
         if self.cfg.record_samples:
             self.samples.append(sample)
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
-        self.controller.on_tokens(inst.complete(plan, now))
+        tokens = inst.complete(plan, now)
+        self.controller.on_tokens(tokens)
+        if self.stream is not None:
+            for t in tokens:
+                if t.finished:
+                    self._retire(t.request_id)
         self._report_state(inst, now)
         self._kick(k, now)
 
     def _report_state(self, inst: Instance, now: float) -> None:
+        offers = (not self._ticket_hook[self.index[inst.instance_id]]
+                  or inst.policy.offers_ticket(inst.view(now)))
         self.controller.on_instance_state(
-            inst.instance_id, inst.num_waiting_prefills, now,
-            offers_ticket=inst.policy.offers_ticket(inst.view(now)))
+            inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
 
     def _summary(self, end: float, wall: float) -> dict[str, Any]:
         from sloserve.metrics import summarize
 
-        reqs: list[Request] = self.workload.requests
-        out: dict[str, Any] = dict(summarize(
-            reqs,
-            kv_utilization=self.kv_util_sum / max(1, self.num_iterations),
-            preemptions=sum(i.num_preemptions for i in self.instances),
-        ))
+        kv_util = self.kv_util_sum / max(1, self.num_iterations)
+        preemptions = sum(i.num_preemptions for i in self.instances)
+        out: dict[str, Any]
+        if self.stream is None:
+            out = dict(summarize(self.workload.requests, kv_utilization=kv_util,
+                                 preemptions=preemptions))
+        else:  # the unfinished ones too, then the constant-size summary
+            self.stream.add(self._retired + list(self.requests.values()))
+            self._retired, self.requests = [], {}
+            out = dict(self.stream.result(kv_utilization=kv_util, preemptions=preemptions))
+            out.update(metrics="stream", percentile_rel_err=DEFAULT_REL_ERR)
         out.update(
             policy=self.cfg.policy,
             instances=self.cfg.instances,
