@@ -27,7 +27,7 @@ from typing import Any
 
 from sloserve.policies.ascendra import AscendraConfig
 from sloserve.policies.drop_late import with_drop_late
-from sloserve.policies.registry import PolicySpec, get_spec, policy_names, register
+from sloserve.policies.registry import PolicySpec, get_spec, register
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import simulate
 
@@ -39,7 +39,9 @@ BASELINES = ("vllm", "sarathi")
 def drop_late_name(policy: str) -> str:
     """The registered drop-late variant of ``policy`` (registered on first use)."""
     name = f"{policy}+drop-late"
-    if name not in policy_names():
+    try:
+        get_spec(name)
+    except ValueError:
         spec = get_spec(policy)
         register(PolicySpec(name, spec.config_cls,
                             {r: with_drop_late(c) for r, c in spec.roles.items()}))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sloserve.services.executor.backends import SIM, VLLM
 from sloserve.services.store import redis_url
 
 REDIS_TIMEOUT_S = 2.0
@@ -38,7 +39,7 @@ def check_model_and_gpu(backend: str, model: str, gpu: str) -> None:
         get_model(model)
     except ValueError as exc:
         raise _flag("--model", exc) from None
-    if backend == "sim":
+    if backend == SIM:
         from sloserve.perf.profiles import load_mlp_profile
 
         try:
@@ -56,14 +57,14 @@ def check_model_and_gpu(backend: str, model: str, gpu: str) -> None:
 
 def check_weights(backend: str, model: str, weights: str | None) -> None:
     if weights is None:
-        if backend == "vllm":
+        if backend == VLLM:
             from sloserve.services.model_store import PREPARABLE
 
             if model.lower() not in PREPARABLE:
                 raise ValueError(f"--model: vllm needs --weights DIR for {model!r}; only "
                                  f"{list(PREPARABLE)} can be prepared locally")
         return
-    if backend == "sim":
+    if backend == SIM:
         raise ValueError("--weights: the sim backend loads no weights; use --backend torch|vllm")
     path = Path(weights)
     if not path.exists():
@@ -72,9 +73,9 @@ def check_weights(backend: str, model: str, weights: str | None) -> None:
         if not (path / "config.json").is_file():
             raise ValueError(f"--weights: {weights!r} is not a Hugging Face directory "
                              "(no config.json)")
-    elif backend == "vllm" or path.suffix != ".gguf":
+    elif backend == VLLM or path.suffix != ".gguf":
         raise ValueError(f"--weights: {weights!r} is not a Hugging Face directory"
-                         + ("" if backend == "vllm" else " nor a .gguf file"))
+                         + ("" if backend == VLLM else " nor a .gguf file"))
 
 
 def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:

@@ -86,17 +86,21 @@ def policy_names() -> list[str]:
 
 
 def get_spec(name: str) -> PolicySpec:
-    try:
-        return _SPECS[name]
-    except KeyError:
-        raise ValueError(f"policy: unknown {name!r}; choose one of {policy_names()}") from None
+    spec = _SPECS.get(name) or _VARIANTS.get(name)
+    if spec is None:
+        raise ValueError(f"policy: unknown {name!r}; choose one of {policy_names()}")
+    return spec
+
+
+_VARIANTS: dict[str, PolicySpec] = {}  # experiment-only variants: never in policy_names()
 
 
 def register(spec: PolicySpec) -> None:
-    """Add a policy variant for this process (experiments, e.g. §8.6's drop-late baselines)."""
-    if spec.name in _SPECS:
+    """Add a policy variant for this process (experiments, e.g. §8.6's drop-late baselines).
+    Variants resolve by name but stay out of ``policy_names()`` (CLI choices, ``compare``)."""
+    if spec.name in _SPECS or spec.name in _VARIANTS:
         raise ValueError(f"policy: {spec.name!r} is already registered")
-    _SPECS[spec.name] = spec
+    _VARIANTS[spec.name] = spec
 
 
 def instance_roles(policy: str, instances: int, hp_instances: int) -> list[tuple[str, str]]:

@@ -149,16 +149,41 @@ async def _until_back(svc: SchedulerService, executor: executor_grpc.ExecutorStu
             delay = min(1.0, delay * 2)
 
 
+class _Families:
+    """The vLLM-named scheduler families (``services.metrics``), for both loops."""
+
+    def __init__(self, svc: SchedulerService) -> None:
+        model, self.inst = svc.executor.model, svc.instance
+        self.waiting, self.running = metrics.WAITING.labels(model), metrics.RUNNING.labels(model)
+        self.kv, self.pre = metrics.KV_USAGE.labels(model), metrics.PREEMPTIONS.labels(model)
+        self.queue = metrics.REQUEST_QUEUE_TIME.labels(model)
+        self.err = metrics.PERF_ERROR.labels(model)
+        self.preemptions = self.inst.num_preemptions
+
+    def scheduled(self, plan: BatchPlan, now: float) -> None:
+        """Requests this plan schedules first: their queue time is known."""
+        for item in plan.items:
+            r = self.inst.requests.get(item.request_id)
+            if r is not None and r.first_scheduled_time == now:
+                self.queue.observe(max(0.0, now - r.arrival_time))
+
+    def landed(self, predicted_s: float, duration_s: float) -> None:
+        inst = self.inst
+        self.waiting.set(len(inst.waiting))
+        self.running.set(len(inst.running))
+        self.kv.set(inst.kv.num_used_blocks / inst.kv.num_blocks)
+        self.pre.inc(inst.num_preemptions - self.preemptions)
+        self.preemptions = inst.num_preemptions
+        if duration_s > 0:
+            self.err.observe(abs(predicted_s - duration_s) / duration_s)
+
+
 async def _iterate(svc: SchedulerService, call: Any) -> None:
     inst, clock = svc.instance, svc.clock
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
-    model = svc.executor.model
-    v_wait, v_run = metrics.WAITING.labels(model), metrics.RUNNING.labels(model)
-    v_kv, v_pre = metrics.KV_USAGE.labels(model), metrics.PREEMPTIONS.labels(model)
-    v_queue, v_err = metrics.REQUEST_QUEUE_TIME.labels(model), metrics.PERF_ERROR.labels(model)
-    preemptions = inst.num_preemptions
+    fam = _Families(svc)
     prev_recv: float | None = None  # end of the previous busy iteration
     report: Report | None = None
     try:
@@ -192,10 +217,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 svc.send(out)  # decided with this plan
             _flush(svc, report)  # the previous batch's tokens, off the critical path
             report = None
-            for item in plan.items:  # first scheduled by this plan: its queue time is known
-                r = inst.requests[item.request_id]
-                if r.first_scheduled_time == now:
-                    v_queue.observe(max(0.0, now - r.arrival_time))
+            fam.scheduled(plan, now)
             res = await _read(call, svc.hang.deadline(predicted), predicted)
             svc.hang.observe(predicted, res.duration_s)
             t_recv = time.perf_counter()
@@ -209,13 +231,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             m_iter.observe(res.duration_s)
             m_wait.set(len(inst.waiting))
             m_run.set(len(inst.running))
-            v_wait.set(len(inst.waiting))
-            v_run.set(len(inst.running))
-            v_kv.set(inst.kv.num_used_blocks / inst.kv.num_blocks)
-            v_pre.inc(inst.num_preemptions - preemptions)
-            preemptions = inst.num_preemptions
-            if res.duration_s > 0:
-                v_err.observe(abs(predicted - res.duration_s) / res.duration_s)
+            fam.landed(predicted, res.duration_s)
             if prev_recv is not None:
                 over = t_recv - prev_recv - res.duration_s
                 svc.overhead.append(over)
@@ -247,6 +263,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    fam = _Families(svc)
     flight: Flight | None = None  # sent and applied provisionally, result not yet read
     report: Report | None = None
     prev_recv: float | None = None
@@ -268,6 +285,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
         m_iter.observe(res.duration_s)
         m_wait.set(len(inst.waiting))
         m_run.set(len(inst.running))
+        fam.landed(f.predicted_s, res.duration_s)
         if prev_recv is not None and not f.after_idle:
             over = t_recv - prev_recv - res.duration_s
             svc.overhead.append(over)
@@ -315,6 +333,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
             if flight is not None:
                 report, flight = await landed(flight), None
             flight = fly(inst, plan, now, predicted, after_idle)
+            fam.scheduled(plan, now)
             after_idle = False
     finally:
         svc.unhold()
