@@ -122,6 +122,7 @@ class Stack:
     def __init__(self, cfg: StackConfig) -> None:
         cfg.validate()
         self.cfg = cfg
+        self._ports: set[int] = set()  # ports handed to this stack's services
         self.prefix = cfg.prefix or f"sloserve:{uuid.uuid4().hex[:8]}"
         self.embedded: EmbeddedRedis | None = None
         self.redis_url = redis_url(cfg.redis_url) or ""
@@ -152,10 +153,19 @@ class Stack:
                 "--port", str(port)]
         return base + list(args)
 
+    def _port(self, host: str) -> int:
+        """A free port none of this stack's services was given yet (nor the gateway's
+        or HTTP port): none is bound before the services start, so the OS may repeat one."""
+        taken = {self.cfg.gateway_port, self.cfg.http_port, *self._ports}
+        while (port := free_port(host)) in taken:
+            pass
+        self._ports.add(port)
+        return port
+
     def plan(self) -> None:
         c, h = self.cfg, INTERNAL_HOST
         common = ["--prefix", self.prefix]  # the Redis URL travels in $REDIS_URL
-        p = free_port(h)
+        p = self._port(h)
         self._add("perfmodel", self._module(
             "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
@@ -164,7 +174,7 @@ class Stack:
         wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == VLLM else []
         scheds = []
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
-            pe, ps = free_port(h), free_port(h)
+            pe, ps = self._port(h), self._port(h)
             ex = ["--backend", c.backend, "--model", c.model, "--gpu", c.gpu,
                   "--seed", str(c.seed + k), "--noise-cv", str(c.noise_cv),
                   "--time-scale", str(c.time_scale), *common]
@@ -204,7 +214,7 @@ class Stack:
 
         metrics = ""
         if self.cfg.metrics:
-            port = free_port(self.cfg.host)
+            port = self._port(self.cfg.host)
             argv = [*argv, "--metrics-port", str(port)]
             metrics = f"{self.cfg.host}:{port}"
         if self.cfg.log_level:
