@@ -149,6 +149,20 @@ async def _until_back(svc: SchedulerService, executor: executor_grpc.ExecutorStu
             delay = min(1.0, delay * 2)
 
 
+async def _send(svc: SchedulerService, call: Any, plan: BatchPlan, now: float) -> float:
+    """Send ``plan`` to the executor; its predicted duration (computed off the plan's hop).
+    A plan that cannot be sent means the executor is lost."""
+    inst = svc.instance
+    freed, svc.freed = svc.freed, []
+    msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
+                        block_tables=svc.executor.backend != "sim")
+    try:
+        await call.write(msg)
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
+        raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
+    return inst.perf_model.predict(plan.shape())
+
+
 class _Families:
     """The vLLM-named scheduler families (``services.metrics``), for both loops."""
 
@@ -204,14 +218,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 svc.waiting_for_wake = False
                 continue
             svc.iterations += 1
-            freed, svc.freed = svc.freed, []
-            msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
-                                block_tables=svc.executor.backend != "sim")
-            try:
-                await call.write(msg)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
-            predicted = inst.perf_model.predict(plan.shape())  # off the plan's hop
+            predicted = await _send(svc, call, plan, now)
             svc.hold()
             if out.offloaded or out.dropped:
                 svc.send(out)  # decided with this plan
@@ -317,14 +324,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
                 report_k, flight = await landed(flight), None
                 _flush(svc, report)
                 report = report_k
-            freed, svc.freed = svc.freed, []
-            msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
-                                block_tables=svc.executor.backend != "sim")
-            try:
-                await call.write(msg)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                raise ExecutorLost(f"dead: the plan could not be sent ({exc!r})") from None
-            predicted = inst.perf_model.predict(plan.shape())
+            predicted = await _send(svc, call, plan, now)
             svc.hold()
             if out.offloaded or out.dropped:
                 svc.send(out)
