@@ -38,6 +38,7 @@ from sloserve.policies.base import (
     InstanceView,
     Policy,
     PolicyConfig,
+    add_decodes_evicting,
     can_admit,
     knob,
 )
@@ -254,18 +255,7 @@ class AccelGenPolicy(Policy):
         if b.add_decodes_if_all_fit(decodes):
             return
         victims = sorted(running, key=lambda r: self._remaining(r, now))
-        for req in [r for r in victims if r.is_decode]:
-            if b.removed(req):
-                continue
-            while b.blocks_needed(req, 1) > b.free_blocks:
-                while b.contains(victims[-1]) or b.removed(victims[-1]):
-                    victims.pop()
-                victim = victims.pop()
-                b.preempt(victim)
-                if victim is req:
-                    break
-            else:
-                b.add(req, 1)
+        add_decodes_evicting(b, [r for r in victims if r.is_decode], victims)
 
     def _chunk(self, b: BatchBuilder, req: Request) -> int:
         """Largest admissible chunk of ``req`` now (0 if none): ERA bars a second long

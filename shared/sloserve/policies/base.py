@@ -323,6 +323,26 @@ def add_decodes(b: BatchBuilder, decodes: Sequence[Request]) -> None:
                 b.add(req, 1)
 
 
+def add_decodes_evicting(b: BatchBuilder, decodes: Sequence[Request],
+                         victims: Sequence[Request]) -> None:
+    """Give each decode its next token; when KV runs out, preempt from the end of
+    ``victims`` (a policy's order, least worth keeping last), skipping requests already
+    batched or removed; a decode that is its own victim yields (AccelGen, the oracle)."""
+    order = list(victims)
+    for req in decodes:
+        if b.removed(req):
+            continue
+        while b.blocks_needed(req, 1) > b.free_blocks:
+            while b.contains(order[-1]) or b.removed(order[-1]):
+                order.pop()
+            victim = order.pop()
+            b.preempt(victim)
+            if victim is req:
+                break
+        else:
+            b.add(req, 1)
+
+
 def can_admit(b: BatchBuilder, req: Request, num_tokens: int, watermark: float = 0.01) -> bool:
     """Admission control for a new request (vLLM ``can_allocate`` with its 1% watermark).
 

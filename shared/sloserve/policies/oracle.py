@@ -31,6 +31,7 @@ from sloserve.policies.base import (
     InstanceView,
     Policy,
     PolicyConfig,
+    add_decodes_evicting,
     can_admit,
     knob,
 )
@@ -71,19 +72,7 @@ class OraclePolicy(Policy):
         decodes = sorted((r for r in view.running if r.is_decode), key=remaining_work)
         b = BatchBuilder(view, max(self.token_budget, len(decodes)), self.config.max_num_seqs)
         if not b.add_decodes_if_all_fit(decodes):
-            victims = sorted(view.running, key=remaining_work)  # most work last
-            for req in decodes:
-                if b.removed(req):
-                    continue
-                while b.blocks_needed(req, 1) > b.free_blocks:
-                    while b.contains(victims[-1]) or b.removed(victims[-1]):
-                        victims.pop()
-                    victim = victims.pop()
-                    b.preempt(victim)
-                    if victim is req:
-                        break
-                else:
-                    b.add(req, 1)
+            add_decodes_evicting(b, decodes, sorted(view.running, key=remaining_work))
         for req in sorted((r for r in view.running if r.in_prefill), key=remaining_work):
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
