@@ -6,7 +6,7 @@ With no Redis URL an :class:`EmbeddedRedis` is started in this process.
 Every Redis key lives under ``prefix``; every port but the gateway's is free
 and loopback (``host`` is the gateway's alone).
 
-Access (``services/auth.py``): every child gets the stack's internal token in
+Access (``services/sloserve/services/auth.py``): every child gets the stack's internal token in
 ``$SLOSERVE_INTERNAL_TOKEN`` (``internal_token``; by default ``$SLOSERVE_INTERNAL_TOKEN``
 if set, else a fresh one per start), so only this stack's gateway can drive its
 schedulers and only its schedulers their executors. The Redis URL (which may carry

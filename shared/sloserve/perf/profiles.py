@@ -30,7 +30,7 @@ LAYER_OPS: tuple[str, ...] = (
 )
 OPS: tuple[str, ...] = ("emb", *LAYER_OPS)
 
-#: (model preset, gpu) -> vendored file (see shared/data/profiles/README.md).
+#: (model preset, gpu) -> vendored file (see shared/sloserve/data/profiles/README.md).
 _FILES: dict[tuple[str, str], str] = {
     ("llama-2-7b", "a100"): "a100_Llama-2-7b-hf_mlp.csv.gz",
     ("llama-3-8b", "a100"): "a100_Meta-Llama-3-8B_mlp.csv.gz",
