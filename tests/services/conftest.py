@@ -6,7 +6,6 @@ keys) by the fixture's finalizer.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import time
@@ -16,11 +15,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis_source import redis_url
 
 from sloserve.services.stack import Stack, StackConfig
 from sloserve.services.store import free_port
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url()  # the session's one Redis (tests/redis_source.py)
 
 
 @pytest.fixture

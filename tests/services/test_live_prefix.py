@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import cast
 
 import redis
+from redis_source import redis_url
 
 from sloserve.client import Client
 from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.perfmodel import samples
 from sloserve.services.stack import Stack
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url()  # the session's one Redis (tests/redis_source.py)
 PROMPT = [(11 * k + 5) % 256 for k in range(70)]  # 4 full blocks of 16, then 6 tokens
 
 

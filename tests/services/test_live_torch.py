@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable
 from typing import cast
 
 import redis
+from redis_source import redis_url
 
 from sloserve.client import Chunk, Client
 from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.perfmodel import samples
 from sloserve.services.stack import Stack
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")  # conftest's stacks use it
+REDIS_URL = redis_url()  # the session's one Redis (tests/redis_source.py)
 
 PROMPTS = {"a": 37, "b": 90}  # prompt lengths; longer than one 64-token chunk for "b"
 MAX_TOKENS = {"a": 9, "b": 5}

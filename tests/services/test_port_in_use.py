@@ -7,11 +7,13 @@ import os
 import subprocess
 import sys
 
+from redis_source import redis_url
+
 from sloserve.services.proto import SERVICE_NAMES
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import free_port
 
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+REDIS_URL = redis_url()  # the session's one Redis (tests/redis_source.py)
 
 
 def _perfmodel(port: int) -> list[str]:
