@@ -101,6 +101,11 @@ def _up(tmp_path: Path, *flags: str, redis: bool = False) -> subprocess.Complete
      "--weights: '/no/such/dir' does not exist"),
     (("--redis-url", "http://127.0.0.1:6379"), "--redis-url: cannot parse"),
     (("--redis-url", "redis://127.0.0.1:1/0"), "--redis-url: cannot reach"),
+    (("--policy", "nope"), "argument --policy: invalid choice: 'nope'"),
+    (("--backend", "nope"), "argument --backend: invalid choice: 'nope'"),
+    (("--http-port", "99999"), "--http-port: must be 0 (off) or a TCP port in 1..65535"),
+    (("--port", "0"), "--port: must be a TCP port in 1..65535, got 0"),
+    (("--port", "50999", "--http-port", "50999"), "--http-port: 50999 is also --port"),
 ])
 def test_up_rejects_a_bad_flag_in_one_line_before_starting_anything(
         tmp_path: Path, flags: tuple[str, ...], named: str) -> None:

@@ -4,9 +4,11 @@ Each check raises ``ValueError("--flag: why")``; the CLI prints that one line an
 exits 2. What is checked is what a child service would otherwise die on a minute
 later: the model preset (the perf-model service fits every backend's model by its
 preset shape), the GPU (sim: a profiled GPU; torch/vllm: ``cpu``, ``cuda[:N]`` or a
-known GPU name, which means CUDA), the weights path, and the Redis URL (parsed,
-then one PING within ``REDIS_TIMEOUT_S``, password included). ``--policy`` and
-``--backend`` are argparse choices, rejected before this runs.
+known GPU name, which means CUDA), the weights path, the gateway's two ports (in
+range and not the same one: a port that is taken is the gateway's own error at start,
+printed with its log tail), and the Redis URL (parsed, then one PING within
+``REDIS_TIMEOUT_S``, password included). ``--policy`` and ``--backend`` are argparse
+choices, rejected before this runs.
 """
 
 from __future__ import annotations
@@ -78,6 +80,17 @@ def check_weights(backend: str, model: str, weights: str | None) -> None:
                          + ("" if backend == VLLM else " nor a .gguf file"))
 
 
+def check_ports(port: int, http_port: int) -> None:
+    """``--port`` is a TCP port; ``--http-port`` one too, or 0 (no HTTP), and another."""
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port: must be a TCP port in 1..65535, got {port}")
+    if not (http_port == 0 or 1 <= http_port <= 65535):
+        raise ValueError(f"--http-port: must be 0 (off) or a TCP port in 1..65535, "
+                         f"got {http_port}")
+    if http_port == port:
+        raise ValueError(f"--http-port: {http_port} is also --port (gRPC); pick another")
+
+
 def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
     """The configured Redis (``--redis-url``, else ``$REDIS_URL``) parses and answers PING."""
     url = redis_url(explicit)
@@ -106,8 +119,9 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
 
 
 def check_up(backend: str, model: str, gpu: str, weights: str | None,
-             redis: str | None) -> None:
+             redis: str | None, port: int = 50051, http_port: int = 0) -> None:
     """Every check, cheapest first; the first failure raises."""
+    check_ports(port, http_port)
     check_model_and_gpu(backend, model, gpu)
     check_weights(backend, model, weights)
     check_redis(redis)

@@ -7,7 +7,7 @@ addresses and whether API keys are required, then supervises
 health check is restarted alone, with backoff (its scheduler state is in
 Redis). It exits only on Ctrl-C or SIGTERM, shutting everything down.
 
-It fails fast (``preflight.py``): a bad model, GPU, weights path or Redis URL is
+It fails fast (``preflight.py``): a bad model, GPU, weights path, port or Redis URL is
 one line naming the flag and exit 2, before anything starts; a service that
 exits at start ends ``up`` with exit 1 and the last lines of that service's log.
 """
@@ -114,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
-    check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url)  # 1 line, exit 2
+    check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url,  # 1 line, exit 2
+             port=args.port, http_port=args.http_port)
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
