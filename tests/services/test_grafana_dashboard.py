@@ -10,6 +10,8 @@ from prometheus_client import REGISTRY
 
 import sloserve.services.metrics  # noqa: F401 - registers the families
 
+#: a metric name (digits included: ``vllm:e2e_...``), with or without a label selector
+_FAMILY = re.compile(r"\b((?:vllm|sloserve):[A-Za-z0-9_:]+)")
 DASHBOARD = Path(__file__).resolve().parents[2] / "infra" / "grafana" / "sloserve.json"
 
 
@@ -18,7 +20,13 @@ def test_every_dashboard_query_names_an_exported_family() -> None:
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
                 "gauge": ("",)}
     exported = {m.name + sfx for m in REGISTRY.collect() for sfx in suffixes.get(m.type, ())}
-    used = {name for p in dash["panels"] for t in p["targets"]
-            for name in re.findall(r"\b((?:vllm|sloserve):[a-z_]+)\{", t["expr"])}
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"]
+    used = {name for e in exprs for name in _FAMILY.findall(e)}
     assert len(used) >= 14
     assert used <= exported, used - exported
+
+
+def test_family_names_with_digits_are_read_whole() -> None:
+    expr = 'rate(vllm:e2e_request_latency_seconds_bucket{model_name=~"$m"}[1m])'
+    assert _FAMILY.findall(expr) == ["vllm:e2e_request_latency_seconds_bucket"]
