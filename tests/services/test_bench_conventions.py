@@ -8,6 +8,7 @@ The same key set from ``--endpoint openai`` against stock ``vllm serve`` is pinn
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -51,3 +52,23 @@ def test_two_rates_give_vllm_keys_a_result_line_each_and_the_three_plots(
     for name in (*PLOTS, RATE_PLOT):
         png = (plots / name).read_bytes()
         assert png.startswith(PNG_MAGIC) and len(png) > 10_000, name
+
+
+def test_requests_dropped_before_their_first_token_leave_the_duration_a_wall_time(
+        start_stack: Callable[..., Stack], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from sloserve.policies.ascendra import AscendraConfig
+
+    stack = start_stack(policy="ascendra", policy_config=AscendraConfig(drop_late=True))
+    trace = tmp_path / "long.csv"  # long prompts arriving together: queued ones are late
+    trace.write_text("prompt_len,output_len\n" + "2000,2\n" * 8)
+    t0 = time.monotonic()
+    code = cli.main(["bench", "--target", stack.gateway, "--trace-file", str(trace),
+                     "--qps", "200", "--num-requests", "8", "--ttft-slo", "0.3",
+                     "--json", "--disable-tqdm"])
+    wall = time.monotonic() - t0
+    assert code == 0
+    (p,) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert p["dropped"] > 0 and p["completed"] > 0, p  # some dropped before any token
+    assert 0 < p["duration"] <= wall, (p["duration"], wall)
+    assert p["request_throughput"] == pytest.approx(p["completed"] / p["duration"])

@@ -119,6 +119,10 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
     from sloserve.client import RequestDropped, SloserveError
 
     await asyncio.sleep(max(0.0, t0 + req.arrival_time - time.monotonic()))
+    # provisional, on the wall clock the gateway's times use: a request dropped or failed
+    # before its first chunk keeps it (not the workload's offset, which made `duration`
+    # last finish - 0, decades long); the first chunk replaces it with the gateway's
+    req.arrival_time = time.time()
     try:
         async for c in client.generate(
             prompt_token_ids=prompt_ids(req), max_tokens=req.output_len, ttft_slo=req.slo.ttft,
