@@ -200,6 +200,34 @@ def test_requests_dropped_under_overload_get_429(start_stack: Callable[..., Stac
     assert f'sloserve:requests_dropped_total{{model_name="{MODEL}",reason=' in text
 
 
+def test_admission_shedding_at_the_door_is_429_over_http(
+        start_stack: Callable[..., Stack]) -> None:
+    """The scheduler's admission control (``sloserve.admission``, on by default) refuses a
+    request that cannot meet its TTFT SLO behind the queue: over HTTP that is OpenAI's
+    429, its message the ``shed:`` reason, streamed or not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sloserve.admission import SHED_PREFIX
+
+    s = start_stack(policy="sarathi", http_port=free_port())  # no drop_late: only admission
+    body = {"prompt": [65] * 2000, "max_tokens": 2, "ttft_slo_ms": 300}
+
+    def post(k: int) -> httpx.Response:
+        return httpx.post(s.http + "/v1/completions", json={**body, "stream": k % 2 == 1},
+                          timeout=60)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(post, range(8)))
+    statuses = [r.status_code for r in answers]
+    assert 429 in statuses and 200 in statuses and set(statuses) <= {200, 429}, statuses
+    for r in answers:
+        if r.status_code == 429:
+            err = r.json()["error"]
+            assert err["type"] == "rate_limit_error" and SHED_PREFIX in err["message"], err
+    text = httpx.get(s.http + "/metrics").text
+    assert f'sloserve:requests_dropped_total{{model_name="{MODEL}",reason="{SHED_PREFIX}' in text
+
+
 def test_no_scheduler_connected_is_503_until_it_is_back(stack: Stack) -> None:
     name = next(n for n in stack.services if n.startswith("scheduler"))
     stack.kill(name)
