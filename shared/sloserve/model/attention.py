@@ -134,10 +134,11 @@ def paged_attention(
     v_flat.index_copy_(0, meta.slot_mapping, v)
     if meta.flash is not None:  # pragma: no cover - CUDA + flash-attn only
         key_slots, cu_q, cu_k, max_q, max_k = meta.flash
-        return flash_attn_varlen_func(
+        flash_out: torch.Tensor = flash_attn_varlen_func(
             q, k_flat[key_slots], v_flat[key_slots], cu_q, cu_k, max_q, max_k,
             softmax_scale=scale, causal=True,
         )
+        return flash_out
     out = torch.empty_like(q)
     heads = q.shape[1]
     for i, c in enumerate(meta.chunks):

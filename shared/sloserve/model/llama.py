@@ -80,7 +80,8 @@ class Attention(nn.Module):
         k = apply_rope(self.k_proj(x).view(t, self.num_kv_heads, self.head_dim), cos, sin)
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)
         o = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale)
-        return self.o_proj(o.reshape(t, -1))
+        out: torch.Tensor = self.o_proj(o.reshape(t, -1))
+        return out
 
 
 class MLP(nn.Module):
@@ -92,7 +93,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(f, h, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        out: torch.Tensor = self.down_proj(nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
 
 
 class DecoderLayer(nn.Module):
@@ -112,7 +114,8 @@ class DecoderLayer(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        out: torch.Tensor = x + self.mlp(self.post_attention_layernorm(x))
+        return out
 
 
 class LlamaModel(nn.Module):
@@ -153,7 +156,9 @@ class LlamaModel(nn.Module):
         cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, cache.layer(i), meta)
-        return self.norm(x)
+        out: torch.Tensor = self.norm(x)
+        return out
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        out: torch.Tensor = self.lm_head(hidden).float()
+        return out
