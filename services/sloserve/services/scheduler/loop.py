@@ -128,6 +128,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
     await svc.synced.wait()
     while True:
         call = executor.Execute()
+        svc.tables.reset()  # a new stream: the executor holds no block table
         try:
             await (_iterate_overlap(svc, call) if svc.overlap else _iterate(svc, call))
         except ExecutorLost as exc:
@@ -155,7 +156,7 @@ async def _send(svc: SchedulerService, call: Any, plan: BatchPlan, now: float) -
     inst = svc.instance
     freed, svc.freed = svc.freed, []
     msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
-                        block_tables=svc.executor.backend != "sim")
+                        svc.tables if svc.executor.backend != "sim" else None)
     try:
         await call.write(msg)
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
