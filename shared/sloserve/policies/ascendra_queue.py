@@ -61,6 +61,8 @@ class ValueQueue:
         self._seq = itertools.count()
         self._probe = float("nan")
         self._joined: deque[Request] = deque()  # joined the waiting queue since the last sync
+        self._phi_count: dict[float, int] = {}  # Phi of the live entries -> how many
+        self._phi_top: list[float] = []  # -Phi, a max-heap over the counted values (lazy)
         self.num_rekeys = 0
         self.num_full_syncs = 0  # reconciliations that scanned the whole waiting queue
 
@@ -105,26 +107,32 @@ class ValueQueue:
             added = sum(1 for rid in fresh if rid not in live)
             if len(live) + added == len(waiting):  # nothing changed behind our back
                 for rid, r in fresh.items():
-                    e = live[rid] = self._entry(model, r)
+                    e = self._entry(model, r)
+                    self._put(rid, e)
                     heapq.heappush(self._heap, e)
                 self._compact()
                 return
         self.num_full_syncs += 1
         current = {r.request_id: r for r in waiting}
         for rid in [rid for rid in live if rid not in current]:
-            del live[rid]
+            self.discard(live[rid][2])
         if rekey:
             self.num_rekeys += 1
             memo: dict[tuple[int, int], float] = {}
             self._live = {rid: self._entry(model, r, memo) for rid, r in current.items()}
             self._heap = list(self._live.values())
             heapq.heapify(self._heap)
+            self._phi_count = {}
+            for e in self._heap:
+                self._phi_count[e[3]] = self._phi_count.get(e[3], 0) + 1
+            self._phi_top = [-phi for phi in self._phi_count]
+            heapq.heapify(self._phi_top)
             return
         for rid, r in current.items():
             e = live.get(rid)
             if e is None or e[2] is not r:
                 e = self._entry(model, r)
-                live[rid] = e
+                self._put(rid, e)
                 heapq.heappush(self._heap, e)
         self._compact()
 
@@ -146,8 +154,31 @@ class ValueQueue:
             if self._live.get(e[2].request_id) is e:
                 heapq.heappush(self._heap, e)
 
+    def _put(self, rid: str, e: Entry) -> None:
+        old = self._live.get(rid)
+        if old is not None:
+            self._uncount(old[3])
+        self._live[rid] = e
+        n = self._phi_count.get(e[3], 0)
+        if n == 0:
+            heapq.heappush(self._phi_top, -e[3])
+        self._phi_count[e[3]] = n + 1
+
+    def _uncount(self, phi: float) -> None:
+        n = self._phi_count[phi] - 1
+        if n:
+            self._phi_count[phi] = n
+        else:
+            del self._phi_count[phi]  # its heap entry goes lazily
+
     def discard(self, req: Request) -> None:
-        self._live.pop(req.request_id, None)
+        e = self._live.pop(req.request_id, None)
+        if e is not None:
+            self._uncount(e[3])
 
     def max_prefill_time(self) -> float:
-        return max((e[3] for e in self._live.values()), default=0.0)
+        """The largest ``Phi`` waiting (a max-heap of distinct values with counts)."""
+        top, count = self._phi_top, self._phi_count
+        while top and -top[0] not in count:
+            heapq.heappop(top)
+        return -top[0] if top else 0.0

@@ -1,4 +1,5 @@
-"""Ascendra's LP queue syncs incrementally and decides exactly as a full reconciliation.
+"""Ascendra's LP queue and the oracle's SRPT order sync incrementally, deciding exactly
+as a full reconciliation (a stable sort of the waiting queue).
 
 Issue 14 (incremental decisions): the LP keys only the requests that joined its
 waiting queue (arrivals, preemptions, a lost executor's requeue) instead of scanning
@@ -14,19 +15,29 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import get_spec
+from sloserve.policies.ascendra import AscendraConfig
 from sloserve.policies.ascendra_lp import AscendraLPPolicy
+from sloserve.policies.base import Policy
+from sloserve.policies.oracle import OracleConfig, OraclePolicy
 from sloserve.request import SLO, Request
 
 
-def _instance(incremental: bool) -> tuple[Instance, AscendraLPPolicy]:
-    spec = get_spec("ascendra")
-    policy = spec.make("lp", spec.config_cls(token_budget=256, offload_threshold=0.0))
-    assert isinstance(policy, AscendraLPPolicy)
-    policy.queue.incremental = incremental  # False: the full reconciliation every time
+def _instance(name: str, incremental: bool) -> tuple[Instance, Policy]:
+    spec = get_spec(name)
+    if name == "ascendra":
+        policy = spec.make("lp", AscendraConfig(token_budget=256, offload_threshold=0.0))
+        assert isinstance(policy, AscendraLPPolicy)
+        policy.queue.incremental = incremental  # False: the full reconciliation every time
+    else:
+        policy = spec.make("lp", OracleConfig(token_budget=256))
+        assert isinstance(policy, OraclePolicy)
+        policy.order.incremental = incremental  # False: the stable sort's order every time
     perf = LinearPerfModel(base=0.005, per_token=0.0001, per_ctx=0.0)
     return Instance("lp0", policy, BlockManager(160, 16), perf), policy
 
@@ -36,9 +47,17 @@ def _plan_record(plan: object) -> tuple[object, ...]:
             tuple(plan.offloaded), tuple(plan.dropped))  # type: ignore[attr-defined]
 
 
-def test_incremental_sync_gives_the_full_reconciliations_plans() -> None:
+def _full_syncs(policy: Policy) -> int:
+    if isinstance(policy, AscendraLPPolicy):
+        return policy.queue.num_full_syncs
+    assert isinstance(policy, OraclePolicy)
+    return policy.order.num_rebuilds
+
+
+@pytest.mark.parametrize("name", ["ascendra", "oracle"])
+def test_incremental_sync_gives_the_full_reconciliations_plans(name: str) -> None:
     rng = random.Random(7)
-    twins = [_instance(True), _instance(False)]
+    twins = [_instance(name, True), _instance(name, False)]
     now, next_id, iterations = 0.0, 0, 0
     for step in range(600):
         if step < 400 and rng.random() < 0.6:  # arrivals in bursts: equal arrival times tie
@@ -61,7 +80,7 @@ def test_incremental_sync_gives_the_full_reconciliations_plans() -> None:
         if step == 450:  # the executor is lost: running requests go back to recompute
             for inst, _ in twins:
                 inst.preempt_all()
-        plans = []
+        plans: list[tuple[object, ...] | None] = []
         for inst, _ in twins:
             if not inst.has_work:
                 plans.append(None)
@@ -70,11 +89,15 @@ def test_incremental_sync_gives_the_full_reconciliations_plans() -> None:
             plans.append(_plan_record(plan))
             inst.complete(plan, now + 0.01)
         assert plans[0] == plans[1], f"step {step}"
+        for _, policy in twins:  # the offload scan's bound, kept as entries come and go
+            if isinstance(policy, AscendraLPPolicy):
+                q = policy.queue
+                assert q.max_prefill_time() == max(
+                    (e[3] for e in q._live.values()), default=0.0)
         iterations += plans[0] is not None
         now += 0.01
-    inc, full = twins[0][1].queue, twins[1][1].queue
     assert twins[0][0].num_preemptions > 0  # the policy's own and the lost executor's
-    assert full.num_full_syncs == iterations
+    assert _full_syncs(twins[1][1]) == iterations
     # full scans only at the first sync, cancels, the refit and the loss (+ a few cancels'
     # stale entries), not every iteration
-    assert inc.num_full_syncs < iterations // 10
+    assert _full_syncs(twins[0][1]) < iterations // 10
