@@ -51,7 +51,9 @@ async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -
         pass
 
 
-async def _as_gateway(target: str, args: argparse.Namespace) -> None:
+async def _as_gateway(
+    target: str, args: argparse.Namespace, md: tuple[tuple[str, str], ...]
+) -> None:
     """Be the gateway: Hello, then every request, then read (and drop) the outputs."""
     q: asyncio.Queue[scheduler_pb2.SchedulerInput] = asyncio.Queue()
     q.put_nowait(scheduler_pb2.SchedulerInput(hello=scheduler_pb2.Hello(gateway_id="bench")))
@@ -66,24 +68,25 @@ async def _as_gateway(target: str, args: argparse.Namespace) -> None:
             yield await q.get()
 
     async with grpc.aio.insecure_channel(target) as ch:
-        async for _ in scheduler_grpc.SchedulerStub(ch).Connect(inputs()):
+        async for _ in scheduler_grpc.SchedulerStub(ch).Connect(inputs(), metadata=md):
             pass
 
 
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
     addr = stack.services["scheduler-lp0"].address
     status = scheduler_grpc.SchedulerStub(grpc.aio.insecure_channel(addr)).Status
+    md = stack.internal_metadata  # the internal plane's token (services/auth.py)
     async with AsyncClient(stack.gateway) as client:
         if args.direct:
             stack.kill("gateway")
-            tasks = [asyncio.create_task(_as_gateway(addr, args))]
+            tasks = [asyncio.create_task(_as_gateway(addr, args, md))]
         else:
             tasks = [asyncio.create_task(_hold(client, k, args.prompt_len, args.max_tokens))
                      for k in range(args.requests)]
         await asyncio.sleep(args.warmup)
-        first = await status(scheduler_pb2.StatusRequest())
+        first = await status(scheduler_pb2.StatusRequest(), metadata=md)
         await asyncio.sleep(args.seconds)
-        st = await status(scheduler_pb2.StatusRequest())
+        st = await status(scheduler_pb2.StatusRequest(), metadata=md)
         for t in tasks:
             t.cancel()
     return {"mode": "direct" if args.direct else "sdk+gateway",

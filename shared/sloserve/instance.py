@@ -123,6 +123,7 @@ class Instance:
         self.running = []
         for req in reversed(moved):
             self.waiting.appendleft(req)
+        self.policy.on_requeued(moved)
         return moved
 
     # --- one iteration ----------------------------------------------------
@@ -178,10 +179,24 @@ class Instance:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
         if admitted:
-            ids = {r.request_id for r in admitted}
-            self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+            self._unqueue(admitted)
             self.running.extend(admitted)
         return plan, offloaded, dropped
+
+    def _unqueue(self, admitted: list[Request]) -> None:
+        """Take ``admitted`` out of the waiting queue, keeping its order. FCFS policies
+        admit from the front (``popleft``); others remove in place (a C-level scan up
+        to the request) rather than rebuilding the whole queue every iteration."""
+        waiting = self.waiting
+        try:
+            for req in admitted:
+                if waiting and waiting[0] is req:
+                    waiting.popleft()
+                else:
+                    waiting.remove(req)  # Request compares by identity (eq=False)
+        except ValueError:  # not queued: cannot happen while status WAITING means queued
+            ids = {r.request_id for r in admitted}
+            self.waiting = deque(r for r in waiting if r.request_id not in ids)
 
     def _acquire_prefixes(self, plan: BatchPlan) -> None:
         kv = self.kv

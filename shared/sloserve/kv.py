@@ -78,5 +78,11 @@ class BlockManager:
     def block_table(self, request_id: str) -> list[int]:
         return list(self._tables.get(request_id, ()))
 
+    def blocks_from(self, request_id: str, start: int) -> list[int]:
+        """``request_id``'s blocks from index ``start`` on (tables only grow until freed:
+        the blocks appended since a reader last saw ``start`` of them)."""
+        table = self._tables.get(request_id)
+        return table[start:] if table else []
+
     def holders(self) -> list[str]:
         return list(self._tables)

@@ -56,9 +56,27 @@ def shape_of(msg: common_pb2.BatchShape) -> BatchShape:
     )
 
 
+class TableDeltas:
+    """What one executor stream already holds of each request's KV block table, so a
+    plan carries only the blocks appended since (``PlanItem.new_blocks``) and a whole
+    table only where the executor holds none (issue 14: plans as deltas).
+
+    One per executor stream (a new stream starts empty: the executor resets). A
+    table is forgotten with the plan that frees, preempts or (re)adds its request,
+    as the executor forgets it; tables only grow in between (``BlockManager``)."""
+
+    __slots__ = ("known",)
+
+    def __init__(self) -> None:
+        self.known: dict[str, int] = {}  # request -> blocks the executor holds
+
+    def reset(self) -> None:
+        self.known.clear()
+
+
 def plan_to_proto(
     instance: Instance, plan: BatchPlan, specs: Mapping[str, common_pb2.RequestSpec],
-    iteration: int, start_time: float, freed: Iterable[str], block_tables: bool,
+    iteration: int, start_time: float, freed: Iterable[str], tables: TableDeltas | None,
 ) -> executor_pb2.BatchPlan:
     """The executor's view of a plan (before ``Instance.complete`` advances progress).
 
@@ -66,22 +84,39 @@ def plan_to_proto(
     the whole sequence in ``added``: prompt plus tokens generated so far, recomputed;
     so does one that starts over a prefix-cache hit (``context_len == num_cached``: the
     executor starts it over the cached blocks its table begins with).
+    ``tables``: block tables as deltas against what the stream holds (``TableDeltas``,
+    updated here); ``None``: no block tables (the sim executor needs none).
     """
     msg = executor_pb2.BatchPlan(iteration=iteration, start_time=start_time, freed=freed,
                                  preempted=plan.preempted)
     kv = instance.kv
+    known = tables.known if tables is not None else None
+    if known is not None:
+        for rid in msg.freed:
+            known.pop(rid, None)
+        for rid in plan.preempted:
+            known.pop(rid, None)
+    add_item = msg.items.add
     for it in plan.items:
-        req = instance.requests[it.request_id]
-        item = msg.items.add(
-            request_id=it.request_id, num_tokens=it.num_tokens, context_len=it.context_len,
+        rid = it.request_id
+        req = instance.requests[rid]
+        item = add_item(
+            request_id=rid, num_tokens=it.num_tokens, context_len=it.context_len,
             is_prefill=it.is_prefill, samples_token=req.samples_after(it.num_tokens),
             token_index=req.num_generated,
         )
-        if block_tables:
-            item.block_table.extend(kv.block_table(it.request_id))
-        if it.context_len == req.num_cached:  # 0 without a prefix-cache hit
-            spec = specs[it.request_id]
-            msg.added.add(request_id=it.request_id, prompt_token_ids=spec.prompt_token_ids,
+        starts = it.context_len == req.num_cached  # 0 without a prefix-cache hit
+        if known is not None:
+            held = None if starts else known.get(rid)
+            size = kv.num_blocks_of(rid)
+            if held is None or held > size:  # the executor holds none (or a stale one)
+                item.block_table.extend(kv.blocks_from(rid, 0))
+            elif held < size:
+                item.new_blocks.extend(kv.blocks_from(rid, held))
+            known[rid] = size
+        if starts:
+            spec = specs[rid]
+            msg.added.add(request_id=rid, prompt_token_ids=spec.prompt_token_ids,
                           generated_token_ids=req.output_token_ids or (),
                           max_tokens=spec.max_tokens, sampling=spec.sampling)
     return msg

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sloserve.v1 import common_pb2 as sloserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asloserve/v1/executor.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\x9c\x01\n\x08PlanItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x03 \x01(\x05\x12\x12\n\nis_prefill\x18\x04 \x01(\x08\x12\x15\n\rsamples_token\x18\x05 \x01(\x08\x12\x13\n\x0btoken_index\x18\x06 \x01(\x05\x12\x13\n\x0b\x62lock_table\x18\x07 \x03(\x05\"\x95\x01\n\x0bNewSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x1b\n\x13generated_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.sloserve.v1.Sampling\"\xa3\x01\n\tBatchPlan\x12\x11\n\titeration\x18\x01 \x01(\x03\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sloserve.v1.PlanItem\x12\'\n\x05\x61\x64\x64\x65\x64\x18\x03 \x03(\x0b\x32\x18.sloserve.v1.NewSequence\x12\x11\n\tpreempted\x18\x04 \x03(\t\x12\r\n\x05\x66reed\x18\x05 \x03(\t\x12\x12\n\nstart_time\x18\x06 \x01(\x01\"4\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"\xb4\x01\n\x0fIterationResult\x12\x11\n\titeration\x18\x01 \x01(\x03\x12)\n\x06tokens\x18\x02 \x03(\x0b\x32\x19.sloserve.v1.SampledToken\x12\x0f\n\x07stopped\x18\x03 \x03(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x16\n\x0ekv_used_blocks\x18\x05 \x01(\x05\x12\x15\n\ridle_before_s\x18\x06 \x01(\x01\x12\x0f\n\x07skipped\x18\x07 \x03(\t\"\x11\n\x0f\x44\x65scribeRequest\"\xfb\x01\n\x13\x45xecutorDescription\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x1a\n\x12kv_capacity_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x13\n\x0bmax_context\x18\x06 \x01(\x05\x12\x16\n\x0etokenizer_json\x18\x07 \x01(\t\x12\x15\n\rchat_template\x18\x08 \x01(\t\x12\x18\n\x10ignored_sampling\x18\t \x03(\t\x12\x11\n\tbos_token\x18\n \x01(\t\x12\x11\n\teos_token\x18\x0b \x01(\t2\x9b\x01\n\x08\x45xecutor\x12\x43\n\x07\x45xecute\x12\x16.sloserve.v1.BatchPlan\x1a\x1c.sloserve.v1.IterationResult(\x01\x30\x01\x12J\n\x08\x44\x65scribe\x12\x1c.sloserve.v1.DescribeRequest\x1a .sloserve.v1.ExecutorDescriptionb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1asloserve/v1/executor.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\xb0\x01\n\x08PlanItem\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x12\n\nnum_tokens\x18\x02 \x01(\x05\x12\x13\n\x0b\x63ontext_len\x18\x03 \x01(\x05\x12\x12\n\nis_prefill\x18\x04 \x01(\x08\x12\x15\n\rsamples_token\x18\x05 \x01(\x08\x12\x13\n\x0btoken_index\x18\x06 \x01(\x05\x12\x13\n\x0b\x62lock_table\x18\x07 \x03(\x05\x12\x12\n\nnew_blocks\x18\x08 \x03(\x05\"\x95\x01\n\x0bNewSequence\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x1b\n\x13generated_token_ids\x18\x03 \x03(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\'\n\x08sampling\x18\x05 \x01(\x0b\x32\x15.sloserve.v1.Sampling\"\xa3\x01\n\tBatchPlan\x12\x11\n\titeration\x18\x01 \x01(\x03\x12$\n\x05items\x18\x02 \x03(\x0b\x32\x15.sloserve.v1.PlanItem\x12\'\n\x05\x61\x64\x64\x65\x64\x18\x03 \x03(\x0b\x32\x18.sloserve.v1.NewSequence\x12\x11\n\tpreempted\x18\x04 \x03(\t\x12\r\n\x05\x66reed\x18\x05 \x03(\t\x12\x12\n\nstart_time\x18\x06 \x01(\x01\"4\n\x0cSampledToken\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x10\n\x08token_id\x18\x02 \x01(\x05\"\xb4\x01\n\x0fIterationResult\x12\x11\n\titeration\x18\x01 \x01(\x03\x12)\n\x06tokens\x18\x02 \x03(\x0b\x32\x19.sloserve.v1.SampledToken\x12\x0f\n\x07stopped\x18\x03 \x03(\t\x12\x12\n\nduration_s\x18\x04 \x01(\x01\x12\x16\n\x0ekv_used_blocks\x18\x05 \x01(\x05\x12\x15\n\ridle_before_s\x18\x06 \x01(\x01\x12\x0f\n\x07skipped\x18\x07 \x03(\t\"\x11\n\x0f\x44\x65scribeRequest\"\xfb\x01\n\x13\x45xecutorDescription\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08hardware\x18\x02 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x03 \x01(\t\x12\x1a\n\x12kv_capacity_blocks\x18\x04 \x01(\x05\x12\x12\n\nblock_size\x18\x05 \x01(\x05\x12\x13\n\x0bmax_context\x18\x06 \x01(\x05\x12\x16\n\x0etokenizer_json\x18\x07 \x01(\t\x12\x15\n\rchat_template\x18\x08 \x01(\t\x12\x18\n\x10ignored_sampling\x18\t \x03(\t\x12\x11\n\tbos_token\x18\n \x01(\t\x12\x11\n\teos_token\x18\x0b \x01(\t2\x9b\x01\n\x08\x45xecutor\x12\x43\n\x07\x45xecute\x12\x16.sloserve.v1.BatchPlan\x1a\x1c.sloserve.v1.IterationResult(\x01\x30\x01\x12J\n\x08\x44\x65scribe\x12\x1c.sloserve.v1.DescribeRequest\x1a .sloserve.v1.ExecutorDescriptionb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,19 +33,19 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sloserve.v1.executor_pb2', 
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PLANITEM']._serialized_start=70
-  _globals['_PLANITEM']._serialized_end=226
-  _globals['_NEWSEQUENCE']._serialized_start=229
-  _globals['_NEWSEQUENCE']._serialized_end=378
-  _globals['_BATCHPLAN']._serialized_start=381
-  _globals['_BATCHPLAN']._serialized_end=544
-  _globals['_SAMPLEDTOKEN']._serialized_start=546
-  _globals['_SAMPLEDTOKEN']._serialized_end=598
-  _globals['_ITERATIONRESULT']._serialized_start=601
-  _globals['_ITERATIONRESULT']._serialized_end=781
-  _globals['_DESCRIBEREQUEST']._serialized_start=783
-  _globals['_DESCRIBEREQUEST']._serialized_end=800
-  _globals['_EXECUTORDESCRIPTION']._serialized_start=803
-  _globals['_EXECUTORDESCRIPTION']._serialized_end=1054
-  _globals['_EXECUTOR']._serialized_start=1057
-  _globals['_EXECUTOR']._serialized_end=1212
+  _globals['_PLANITEM']._serialized_end=246
+  _globals['_NEWSEQUENCE']._serialized_start=249
+  _globals['_NEWSEQUENCE']._serialized_end=398
+  _globals['_BATCHPLAN']._serialized_start=401
+  _globals['_BATCHPLAN']._serialized_end=564
+  _globals['_SAMPLEDTOKEN']._serialized_start=566
+  _globals['_SAMPLEDTOKEN']._serialized_end=618
+  _globals['_ITERATIONRESULT']._serialized_start=621
+  _globals['_ITERATIONRESULT']._serialized_end=801
+  _globals['_DESCRIBEREQUEST']._serialized_start=803
+  _globals['_DESCRIBEREQUEST']._serialized_end=820
+  _globals['_EXECUTORDESCRIPTION']._serialized_start=823
+  _globals['_EXECUTORDESCRIPTION']._serialized_end=1074
+  _globals['_EXECUTOR']._serialized_start=1077
+  _globals['_EXECUTOR']._serialized_end=1232
 # @@protoc_insertion_point(module_scope)

@@ -30,6 +30,7 @@ class PlanItem(_message.Message):
     SAMPLES_TOKEN_FIELD_NUMBER: _builtins.int
     TOKEN_INDEX_FIELD_NUMBER: _builtins.int
     BLOCK_TABLE_FIELD_NUMBER: _builtins.int
+    NEW_BLOCKS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     num_tokens: _builtins.int
     context_len: _builtins.int
@@ -39,7 +40,16 @@ class PlanItem(_message.Message):
     token_index: _builtins.int
     """index of that token (0 = first output token)"""
     @_builtins.property
-    def block_table(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def block_table(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Block tables travel as deltas (issue 14): ``block_table`` is the request's whole
+        table, set only when the executor holds none for it (its first item on this
+        stream, or the first after ``added``, ``preempted`` or ``freed``); otherwise it
+        is empty and ``new_blocks`` lists the blocks appended since the previous plan
+        (empty on most decode steps). A whole table is never empty: an item needs a block.
+        """
+
+    @_builtins.property
+    def new_blocks(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     def __init__(
         self,
         *,
@@ -50,10 +60,11 @@ class PlanItem(_message.Message):
         samples_token: _builtins.bool = ...,
         token_index: _builtins.int = ...,
         block_table: _abc.Iterable[_builtins.int] | None = ...,
+        new_blocks: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_table", b"block_table", "context_len", b"context_len", "is_prefill", b"is_prefill", "num_tokens", b"num_tokens", "request_id", b"request_id", "samples_token", b"samples_token", "token_index", b"token_index"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["block_table", b"block_table", "context_len", b"context_len", "is_prefill", b"is_prefill", "new_blocks", b"new_blocks", "num_tokens", b"num_tokens", "request_id", b"request_id", "samples_token", b"samples_token", "token_index", b"token_index"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

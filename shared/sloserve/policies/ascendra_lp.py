@@ -132,6 +132,12 @@ class AscendraLPPolicy(Policy):
         self.token_budget = self.config.budget
         self.queue = ValueQueue(self.value_function)
 
+    def on_arrival(self, req: Request, now: float) -> None:
+        self.queue.join(req)
+
+    def on_requeued(self, reqs: Sequence[Request]) -> None:
+        self.queue.join_front(reqs)
+
     def compute_limit(self, decodes: Sequence[Request]) -> float:
         """C: the configured budget, else the tightest TBT SLO of the piggybacked decodes."""
         if self.config.compute_budget is not None:
@@ -176,7 +182,12 @@ class AscendraLPPolicy(Policy):
         if kept and cfg.offload_threshold > 0:
             self._flag_offloads(b, kept, queued, decodes)
         self.queue.push_back(kept)
-        return b.build()
+        plan = b.build()
+        if plan.preempted:  # back to the waiting queue's front in arrival order (Instance)
+            gone = set(plan.preempted)
+            back = [r for r in view.running if r.request_id in gone]
+            self.queue.join_front(sorted(back, key=lambda r: r.arrival_time))
+        return plan
 
     def _flag_offloads(
         self, b: BatchBuilder, kept: list[Entry], queued: int, decodes: Sequence[Request]

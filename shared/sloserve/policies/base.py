@@ -370,6 +370,10 @@ class Policy(ABC):
     def on_arrival(self, req: Request, now: float) -> None:  # noqa: B027 - optional hook
         """Called when ``req`` joins this instance (new, offloaded in, or restored)."""
 
+    def on_requeued(self, reqs: Sequence[Request]) -> None:  # noqa: B027 - optional hook
+        """Called when running ``reqs`` went back to the waiting queue's front, in this
+        order, outside a plan (the executor was lost: ``Instance.preempt_all``)."""
+
     @abstractmethod
     def schedule(self, view: InstanceView) -> BatchPlan:
         """Form the next batch (Vidur's ``_get_next_batch``)."""

@@ -21,6 +21,7 @@ Config: ``OracleConfig`` (``token_budget``, ``max_num_seqs``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan
@@ -35,6 +36,7 @@ from sloserve.policies.base import (
     can_admit,
     knob,
 )
+from sloserve.policies.waiting_order import WaitingOrder
 from sloserve.request import Request
 
 
@@ -65,6 +67,13 @@ class OraclePolicy(Policy):
     def __init__(self, config: PolicyConfig | None = None) -> None:
         super().__init__(config)
         self.token_budget = self.config.token_budget
+        self.order = WaitingOrder(remaining_work)  # the waiting queue in SRPT order
+
+    def on_arrival(self, req: Request, now: float) -> None:
+        self.order.join(req)
+
+    def on_requeued(self, reqs: Sequence[Request]) -> None:
+        self.order.join_front(reqs)
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         if self.token_budget is None:
@@ -76,9 +85,26 @@ class OraclePolicy(Policy):
         for req in sorted((r for r in view.running if r.in_prefill), key=remaining_work):
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
-        for req in sorted(view.waiting, key=remaining_work):
+        if view.kv.prefix_caching:  # prefix lookups move waiting keys: sort afresh
+            for req in sorted(view.waiting, key=remaining_work):
+                chunk = b.max_chunk(req)
+                if chunk == 0 or not can_admit(b, req, chunk):
+                    break
+                b.add(req, chunk)
+            return b.build()
+        order = self.order
+        order.sync(view.waiting)
+        while (e := order.pop()) is not None:  # ascending remaining work, no sort
+            req = e[2]
             chunk = b.max_chunk(req)
             if chunk == 0 or not can_admit(b, req, chunk):
+                order.push_back((e,))
                 break
             b.add(req, chunk)
-        return b.build()
+            order.discard(req)
+        plan = b.build()
+        if plan.preempted:  # back to the waiting queue's front in arrival order (Instance)
+            gone = set(plan.preempted)
+            order.join_front(sorted((r for r in view.running if r.request_id in gone),
+                                    key=lambda r: r.arrival_time))
+        return plan

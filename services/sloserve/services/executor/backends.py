@@ -29,6 +29,7 @@ class Step:
     stopped: set[str] = field(default_factory=set)
     duration_s: float = 0.0  # sim: how long the batch must take; torch: how long it took
     realtime_wait: bool = False  # True: the service waits out duration_s
+    kv_used_blocks: int = 0  # blocks in the batch's tables (backends that get tables)
 
 
 class Backend(Protocol):

@@ -3,7 +3,7 @@
 ``PlanDriver`` runs a real ``Instance`` (our policy + ``BlockManager``) and
 turns each of its plans into the ``executor_pb2.BatchPlan`` the scheduler
 service sends, with the same conversion (``convert.plan_to_proto``: items with
-block tables, ``added`` for a sequence (re)starting at context 0 or over a
+block tables as deltas, ``added`` for a sequence (re)starting at context 0 or over a
 prefix-cache hit, ``preempted``, ``freed``). Used by the engine throughput
 benchmark and the backend tests to measure and check the engine path alone.
 """
@@ -20,7 +20,7 @@ from sloserve.kv_prefix import PrefixCachingBlockManager, token_hash_ids
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import get_spec
 from sloserve.request import SLO, Request
-from sloserve.services.convert import plan_to_proto
+from sloserve.services.convert import TableDeltas, plan_to_proto
 from sloserve.services.executor.backends import Backend
 from sloserve.services.proto import common_pb2, executor_pb2
 
@@ -52,6 +52,7 @@ class PlanDriver:
                                  kv_cls(blocks, desc.block_size), LinearPerfModel())
         self.specs: dict[str, common_pb2.RequestSpec] = {}
         self._freed: list[str] = []
+        self.tables = TableDeltas()  # what the backend holds of each block table
 
     def submit(self, rid: str, prompt: list[int], max_tokens: int,
                sampling: common_pb2.Sampling | None = None, now: float = 0.0) -> None:
@@ -81,8 +82,7 @@ class PlanDriver:
                 raise RuntimeError("plan_driver: the policy made an empty plan with work queued")
             iterations += 1
             freed, self._freed = self._freed, []
-            msg = plan_to_proto(inst, plan, self.specs, iterations, now, freed,
-                                block_tables=True)
+            msg = plan_to_proto(inst, plan, self.specs, iterations, now, freed, self.tables)
             if record_plans:
                 plans.append(msg)
             step = self.backend.execute(msg)

@@ -141,7 +141,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
                     for r, t in step.tokens.items()
                 ],
                 stopped=sorted(step.stopped),
-                kv_used_blocks=sum(len(i.block_table) for i in plan.items),
+                kv_used_blocks=step.kv_used_blocks,
                 idle_before_s=idle, skipped=skipped,
             )
             shape = plan_shape(plan) if plan.items else None

@@ -1,6 +1,7 @@
 """The ``torch`` backend: ``sloserve.model.engine.TorchEngine`` behind the executor seam.
 
-The scheduler owns KV block allocation and sends each item's block table;
+The scheduler owns KV block allocation and sends each item's block table as a
+delta (``BlockTables``: whole when new, then the blocks appended since);
 the engine owns the tensors and token ids. A request joins the engine with
 its prompt plus any tokens generated before a restart or offload (recompute).
 """
@@ -11,6 +12,7 @@ import threading
 
 from sloserve.batch import BatchPlan, BatchSample, BatchShape, ScheduledItem
 from sloserve.services.executor.backends import Step
+from sloserve.services.executor.block_tables import BlockTables
 from sloserve.services.proto import executor_pb2
 
 
@@ -44,6 +46,7 @@ class TorchBackend:
         # The warm-up sweep (run in a thread at startup) writes KV into any block and
         # adds private sequences: plans wait for it rather than share the engine.
         self._engine_lock = threading.Lock()
+        self.tables = BlockTables()  # rebuilt from the plans' deltas
 
     def describe(self) -> executor_pb2.ExecutorDescription:
         shape = self.engine.config.shape
@@ -58,6 +61,7 @@ class TorchBackend:
     def reset(self) -> None:
         with self._engine_lock:
             self.engine.reset()
+            self.tables.reset()
 
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
         with self._engine_lock:
@@ -66,6 +70,7 @@ class TorchBackend:
     def _execute(self, plan: executor_pb2.BatchPlan) -> Step:
         from sloserve.model.sampling import SamplingParams
 
+        tables = self.tables.apply(plan)  # the wire carries deltas
         for rid in plan.freed:
             self.engine.free(rid)
         for rid in plan.preempted:
@@ -97,9 +102,9 @@ class TorchBackend:
                 for i in plan.items
             ]
         )
-        tables = {i.request_id: list(i.block_table) for i in plan.items}
         res = self.engine.execute(core, tables)
-        return Step(res.tokens, res.stopped, res.duration_s, realtime_wait=False)
+        return Step(res.tokens, res.stopped, res.duration_s, realtime_wait=False,
+                    kv_used_blocks=sum(len(t) for t in tables.values()))
 
     def warmup_samples(self) -> list[BatchSample]:
         """vLLM-style profiling run over the sweep's shapes that fit this engine's KV."""

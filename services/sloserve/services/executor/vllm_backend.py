@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from sloserve.batch import BatchSample
 from sloserve.model.plan_check import check_plan
 from sloserve.services.executor.backends import Step
+from sloserve.services.executor.block_tables import BlockTables
 from sloserve.services.executor.vllm_adapter import (
     CachedSeq,
     NewSeq,
@@ -70,6 +71,7 @@ class VllmEngine:
         self.runner = runner
         self._seqs: dict[str, _Seq] = {}
         self._drop: set[str] = set()  # the runner still holds these: finish them next step
+        self.tables = BlockTables()  # rebuilt from the plans' deltas (issue 14)
 
     @property
     def num_blocks(self) -> int:
@@ -82,6 +84,7 @@ class VllmEngine:
     def reset(self) -> None:
         self._drop |= {r for r, s in self._seqs.items() if s.in_runner}
         self._seqs.clear()
+        self.tables.reset()
 
     def free(self, rid: str) -> None:
         seq = self._seqs.pop(rid, None)
@@ -138,12 +141,14 @@ class VllmEngine:
         seq = self._seqs[rid]
         return seq.token_ids[seq.prompt_len:]
 
-    def _validate(self, items: list[executor_pb2.PlanItem]) -> None:
+    def _validate(self, items: list[executor_pb2.PlanItem],
+                  tables: dict[str, list[int]]) -> None:
         check_plan([(i.request_id, i.context_len, i.num_tokens) for i in items], self._seqs,
-                   {i.request_id: i.block_table for i in items}, self.block_size,
+                   tables, self.block_size,
                    self.num_blocks, self.runner.max_num_batched_tokens, self.runner.max_num_seqs)
 
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
+        tables = self.tables.apply(plan)  # the wire carries deltas
         for rid in plan.freed:
             self.free(rid)
         for rid in plan.preempted:
@@ -155,14 +160,14 @@ class VllmEngine:
         for it in items:  # a prefix-cache hit: the table's first blocks hold its KV already
             if it.context_len and it.request_id in added:
                 self.assume_computed(it.request_id, it.context_len)
-        self._validate(items)
+        self._validate(items, tables)
         if not items and not self._drop:
             return Step({}, duration_s=0.0)
         news: list[NewSeq] = []
         cached: list[CachedSeq] = []
         for it in items:
             seq = self._seqs[it.request_id]
-            table = list(it.block_table)
+            table = list(tables[it.request_id])  # a copy: ``tables`` grows in place
             if not seq.in_runner:
                 news.append(NewSeq(it.request_id, seq.token_ids, seq.sampling, table,
                                    it.context_len))
@@ -194,7 +199,8 @@ class VllmEngine:
             tokens[it.request_id] = tok
             if tok in seq.stop_ids or len(seq.token_ids) - seq.prompt_len >= seq.max_tokens:
                 stopped.add(it.request_id)
-        return Step(tokens, stopped, duration, realtime_wait=False)
+        return Step(tokens, stopped, duration, realtime_wait=False,
+                    kv_used_blocks=sum(len(t) for t in tables.values()))
 
 
 class VllmBackend:

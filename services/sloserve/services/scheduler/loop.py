@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
@@ -49,7 +50,9 @@ OVERHEAD = Histogram(
     buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
 )
 QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
-Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent]]  # (tokens + state, events)
+# (state, events, stopped): the tokens go into the message when it is flushed, after the
+# next plan has left, so per-token message building is off the critical path
+Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str]]
 
 
 def _decide(
@@ -86,12 +89,12 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     """Send the previous batch's tokens to the gateway and Redis; release finished ones."""
     if report is None:
         return
-    out, events = report
+    out, events, stopped = report
+    tokens_to_proto(events, stopped, out)
     if events:
         svc.store.append_tokens({ev.request_id: ev.token_id for ev in events})
-    for ev in events:
-        if ev.finished:
-            svc.release(ev.request_id)
+        for rid in [ev.request_id for ev in events if ev.finished]:
+            svc.release(rid)
     svc.send(out)
 
 
@@ -128,6 +131,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
     await svc.synced.wait()
     while True:
         call = executor.Execute()
+        svc.tables.reset()  # a new stream: the executor holds no block table
         try:
             await (_iterate_overlap(svc, call) if svc.overlap else _iterate(svc, call))
         except ExecutorLost as exc:
@@ -155,7 +159,7 @@ async def _send(svc: SchedulerService, call: Any, plan: BatchPlan, now: float) -
     inst = svc.instance
     freed, svc.freed = svc.freed, []
     msg = plan_to_proto(inst, plan, svc.specs, svc.iterations, now, freed,
-                        block_tables=svc.executor.backend != "sim")
+                        svc.tables if svc.executor.backend != "sim" else None)
     try:
         await call.write(msg)
     except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
@@ -232,9 +236,8 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             sampled = {t.request_id: t.token_id for t in res.tokens}
             events = inst.complete(plan, end, res.stopped, sampled)
             report_out = svc.output()
-            tokens_to_proto(events, res.stopped, report_out)
             report_out.state.CopyFrom(state_to_proto(inst, end))
-            report = (report_out, events)
+            report = (report_out, events, res.stopped)
             m_iter.observe(res.duration_s)
             m_wait.set(len(inst.waiting))
             m_run.set(len(inst.running))
@@ -287,7 +290,6 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
         except ResultMismatch as exc:
             raise ExecutorLost(f"dead: {exc}") from None
         out = svc.output()
-        tokens_to_proto(events, res.stopped, out)
         out.state.CopyFrom(state_to_proto(inst, end))
         m_iter.observe(res.duration_s)
         m_wait.set(len(inst.waiting))
@@ -300,7 +302,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
             if res.idle_before_s >= 0:
                 svc.unhidden.append(res.idle_before_s)
         prev_recv = t_recv
-        return out, events
+        return out, events, res.stopped
 
     try:
         while True:

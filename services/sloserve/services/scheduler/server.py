@@ -32,7 +32,7 @@ from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
 from sloserve.services import obs
-from sloserve.services.convert import request_of, state_to_proto
+from sloserve.services.convert import TableDeltas, request_of, state_to_proto
 from sloserve.services.perfmodel.coefficients import Published
 from sloserve.services.proto import (
     SERVICE_NAMES,
@@ -66,6 +66,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.clock, self.decision_log = clock, decision_log
         self.specs: dict[str, common_pb2.RequestSpec] = {}  # wire input of each request
         self.freed: list[str] = []  # released since the last plan (the executor forgets them)
+        self.tables = TableDeltas()  # block tables the executor's stream holds (deltas)
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
