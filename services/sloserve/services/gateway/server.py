@@ -401,7 +401,7 @@ async def serve(args: argparse.Namespace) -> None:
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
-        max_receive_bytes=inputs.max_message_bytes, internal=False,
+        max_receive_bytes=inputs.max_message_bytes, internal=False, tarpit=False,
         interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
                       MalformedRequests()],
     )
