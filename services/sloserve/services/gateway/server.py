@@ -44,6 +44,7 @@ from sloserve.services.gateway.validate import (
     request_spec,
 )
 from sloserve.services.malformed import MalformedRequests
+from sloserve.services.memtrim import trim_when_grown
 from sloserve.services.proto import (
     SERVICE_NAMES,
     common_pb2,
@@ -408,6 +409,8 @@ async def serve(args: argparse.Namespace) -> None:
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
     tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
+    # multi-MB requests (poison or not) leave freed buffers in glibc's arenas: give them back
+    tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if keys:
         svc.log.info("api_keys", count=len(keys))
     else:
