@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import ctypes.util
 import os
 from collections.abc import Callable
 from typing import Any
@@ -34,11 +33,8 @@ def rss_bytes() -> int:
 
 
 def _libc_trim() -> Callable[[], object] | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        fn = ctypes.CDLL(name).malloc_trim
+    try:  # the process's own symbols: glibc's malloc_trim where the C library is glibc
+        fn = ctypes.CDLL(None).malloc_trim
     except (OSError, AttributeError):  # not glibc
         return None
     fn.argtypes = [ctypes.c_size_t]
