@@ -10,8 +10,9 @@ from typing import Any, TypedDict
 import grpc
 from typing_extensions import Unpack
 
-from sloserve.client.errors import from_rpc_error
+from sloserve.client.errors import InvalidArgument, from_rpc_error
 from sloserve.services import auth
+from sloserve.services.gateway.validate import MAX_MESSAGE_BYTES
 from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
 from sloserve.services.rpc import client_options
 
@@ -53,7 +54,36 @@ class GenerateOptions(TypedDict, total=False):
     n: int  # 1 only (one output per request)
 
 
-def _request(prompt: str | None, opts: GenerateOptions) -> gateway_pb2.GenerateRequest:
+def _request(prompt: str | None, opts: GenerateOptions,
+             max_bytes: int | None = None) -> gateway_pb2.GenerateRequest:
+    """The wire request; over ``max_bytes`` it is refused here (:func:`check_size`)."""
+    if max_bytes is not None:  # a field alone over the limit: refused before it is copied
+        for name, text in (("prompt", prompt), ("request_id", opts.get("request_id"))):
+            if text is not None and len(text) > max_bytes:  # characters <= UTF-8 bytes
+                raise InvalidArgument(
+                    f"{name}: {len(text)} characters, over the gateway's message limit of "
+                    f"{max_bytes} bytes (max_request_bytes)")
+    msg = _build(prompt, opts)
+    if max_bytes is not None:
+        check_size(msg, max_bytes)
+    return msg
+
+
+def check_size(msg: gateway_pb2.GenerateRequest, max_bytes: int) -> None:
+    """InvalidArgument if ``msg`` is over the gateway's gRPC message limit: gRPC would refuse
+    it with RESOURCE_EXHAUSTED after this client had built and started sending it all."""
+    n = msg.ByteSize()
+    if n > max_bytes:
+        sizes = {"prompt": len(msg.prompt), "request_id": len(msg.request_id),
+                 "messages": sum(m.ByteSize() for m in msg.messages),
+                 "prompt_token_ids": gateway_pb2.GenerateRequest(
+                     prompt_token_ids=msg.prompt_token_ids).ByteSize()}
+        field = max(sizes, key=lambda k: sizes[k])
+        raise InvalidArgument(f"{field}: the request is {n} bytes, over the gateway's message "
+                              f"limit of {max_bytes} bytes (max_request_bytes)")
+
+
+def _build(prompt: str | None, opts: GenerateOptions) -> gateway_pb2.GenerateRequest:
     if opts.get("n", 1) != 1:
         raise ValueError(f"n: only n=1 is supported, got {opts.get('n')}")
     stop = opts.get("stop", ())
@@ -116,9 +146,15 @@ def _auth_metadata(api_key: str | None) -> tuple[tuple[str, str], ...]:
 
 
 class Client:
-    """Blocking client: ``generate`` yields :class:`Chunk` objects as tokens are produced."""
+    """Blocking client: ``generate`` yields :class:`Chunk` objects as tokens are produced.
 
-    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None) -> None:
+    ``max_request_bytes`` (default: the gateway's default gRPC message limit; None: no
+    check): a request over it raises :class:`InvalidArgument` naming its biggest field
+    before anything is sent."""
+
+    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None,
+                 max_request_bytes: int | None = MAX_MESSAGE_BYTES) -> None:
+        self._max_bytes = max_request_bytes
         self._md = _auth_metadata(api_key)
         self._channel = grpc.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
@@ -127,7 +163,8 @@ class Client:
         self, prompt: str | None = None, *, timeout: float | None = None,
         **opts: Unpack[GenerateOptions],
     ) -> Iterator[Chunk]:
-        call = self._stub.Generate(_request(prompt, opts), timeout=timeout, metadata=self._md)
+        call = self._stub.Generate(_request(prompt, opts, self._max_bytes), timeout=timeout,
+                                  metadata=self._md)
         try:
             for c in call:
                 yield _chunk(c)
@@ -160,9 +197,12 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client: ``async for chunk in client.generate(...)``."""
+    """asyncio client: ``async for chunk in client.generate(...)`` (``max_request_bytes``:
+    as :class:`Client`'s)."""
 
-    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None) -> None:
+    def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None,
+                 max_request_bytes: int | None = MAX_MESSAGE_BYTES) -> None:
+        self._max_bytes = max_request_bytes
         self._md = _auth_metadata(api_key)
         self._channel = grpc.aio.insecure_channel(target, options=client_options())
         self._stub = gateway_grpc.GatewayStub(self._channel)
@@ -171,7 +211,8 @@ class AsyncClient:
         self, prompt: str | None = None, *, timeout: float | None = None,
         **opts: Unpack[GenerateOptions],
     ) -> AsyncIterator[Chunk]:
-        call = self._stub.Generate(_request(prompt, opts), timeout=timeout, metadata=self._md)
+        call = self._stub.Generate(_request(prompt, opts, self._max_bytes), timeout=timeout,
+                                  metadata=self._md)
         try:
             async for c in call:
                 yield _chunk(c)

@@ -11,6 +11,14 @@ once a second whatever is asked).
 
 Servers bind without ``SO_REUSEPORT``: a second process on a port in use fails
 to start (:class:`PortInUse`) instead of sharing the port with the first.
+
+Tarpit: gRPC C-core's HTTP/2 transport delays the reset of a stream it refuses
+itself (a message over ``grpc.max_receive_message_length``, bad headers) by a
+random 100-1000 ms (``grpc.http.tarpit``, on by default), so an oversized request
+was answered RESOURCE_EXHAUSTED only after that delay although the transport had
+refused it at its 5-byte length prefix, before buffering any of it. The gateway,
+which faces clients, turns it off (``tarpit=False``): the refusal goes out at once
+(docs/reliability.md, ``infra/experiments/poison_timing.py``).
 """
 
 from __future__ import annotations
@@ -67,10 +75,14 @@ def client_options(keepalive: int | None = None,
 
 
 def server_options(keepalive: int | None = None,
-                   max_receive_bytes: int = INTERNAL_MESSAGE_BYTES) -> Options:
-    """Every server's options: accepts the clients' pings, refuses a port in use."""
+                   max_receive_bytes: int = INTERNAL_MESSAGE_BYTES,
+                   tarpit: bool = True) -> Options:
+    """Every server's options: accepts the clients' pings, refuses a port in use;
+    ``tarpit=False``: a message over ``max_receive_bytes`` is refused at once (see the
+    module's tarpit note)."""
     k = keepalive or keepalive_ms()
     return [
+        *([] if tarpit else [("grpc.http.tarpit", 0)]),
         ("grpc.max_receive_message_length", max_receive_bytes),
         ("grpc.max_send_message_length", INTERNAL_MESSAGE_BYTES),
         ("grpc.keepalive_time_ms", k),  # the server checks its clients too
@@ -133,11 +145,13 @@ async def start_server(
     max_receive_bytes: int = INTERNAL_MESSAGE_BYTES,
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     internal: bool = True,
+    tarpit: bool = True,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Start an aio server with our servicer, standard health checking and reflection.
 
     ``internal`` servers require ``$SLOSERVE_INTERNAL_TOKEN`` on every call but health
-    checks when it is set (``auth``); the gateway passes its own API-key check instead.
+    checks when it is set (``auth``); the gateway passes its own API-key check instead,
+    and ``tarpit=False`` (see :func:`server_options`).
 
     The service reports SERVING once started; call ``set_not_serving`` on drain.
     Raises :class:`PortInUse` when ``host:port`` is taken.
@@ -148,8 +162,9 @@ async def start_server(
         from sloserve.services.auth import internal_interceptors
 
         interceptors = [*internal_interceptors(), *interceptors]
-    server = grpc.aio.server(options=server_options(max_receive_bytes=max_receive_bytes),
-                             interceptors=interceptors)
+    server = grpc.aio.server(
+        options=server_options(max_receive_bytes=max_receive_bytes, tarpit=tarpit),
+        interceptors=interceptors)
     register(server)
     hs = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(hs, server)

@@ -44,6 +44,7 @@ from sloserve.services.gateway.validate import (
     request_spec,
 )
 from sloserve.services.malformed import MalformedRequests
+from sloserve.services.memtrim import trim_when_grown
 from sloserve.services.proto import (
     SERVICE_NAMES,
     common_pb2,
@@ -401,13 +402,15 @@ async def serve(args: argparse.Namespace) -> None:
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
-        max_receive_bytes=inputs.max_message_bytes, internal=False,
+        max_receive_bytes=inputs.max_message_bytes, internal=False, tarpit=False,
         interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
                       MalformedRequests()],
     )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
     tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
+    # multi-MB requests (poison or not) leave freed buffers in glibc's arenas: give them back
+    tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if keys:
         svc.log.info("api_keys", count=len(keys))
     else:

@@ -22,6 +22,7 @@ class InvalidInput(ValueError):
 
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
+MAX_MESSAGE_BYTES = 4 << 20  # the gateway's gRPC receive limit by default (and the SDK's)
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 
@@ -30,7 +31,8 @@ MAX_STOP_CHARS = 256
 class InputLimits:
     """Bounds on what a client may send (the gateway's flags: ``--max-message-bytes`` ...)."""
 
-    max_message_bytes: int = 4 << 20  # gRPC refuses a bigger request (RESOURCE_EXHAUSTED)
+    max_message_bytes: int = MAX_MESSAGE_BYTES  # gRPC refuses a bigger request at once
+    # (RESOURCE_EXHAUSTED at its length prefix, nothing buffered; the SDK checks it first)
     max_request_id_chars: int = 128  # of [A-Za-z0-9._:-]
     max_prompt_bytes: int = 1 << 20  # UTF-8 bytes of a text prompt
     min_slo_s: float = 1e-3  # ttft_slo, tbt_slo, jct_slo
