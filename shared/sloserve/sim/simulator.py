@@ -34,6 +34,7 @@ from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
+from sloserve.sim.overhead import OverheadProfile, OverheadSampler
 from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
@@ -94,6 +95,10 @@ class Simulation:
         self.cfg = cfg
         self.model = get_model(cfg.model)
         self.timing = build_timing(cfg)
+        # the simulated executor's idle gap between back-to-back batches (the live stack's
+        # measured service overhead): part of the ground truth, never seen by a policy
+        self.overhead = (None if cfg.overhead_profile is None else
+                         OverheadSampler(OverheadProfile.load(cfg.overhead_profile), cfg.seed))
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         if cfg.perf_model == "online":
@@ -205,9 +210,11 @@ class Simulation:
             self.stream.add(self._retired)
             self._retired = []
 
-    def _kick(self, k: int, now: float) -> None:
+    def _kick(self, k: int, now: float, back_to_back: bool = False) -> None:
         """Start the next iteration on instance ``k`` if it is idle and has work;
-        an empty plan leaves it idle until the next event that reaches it."""
+        an empty plan leaves it idle until the next event that reaches it. With an
+        overhead profile, a batch that follows one that just ended (``back_to_back``)
+        starts after a measured gap (``sim.overhead``); the plan is decided at ``now``."""
         inst = self.instances[k]
         if self.in_flight[k] is not None or not inst.has_work:
             return
@@ -220,11 +227,12 @@ class Simulation:
             self._report_state(inst, now)
             return
         shape = plan.shape()
-        end = now + self.timing.batch_time(shape)
+        start = now + self.overhead.gap() if back_to_back and self.overhead is not None else now
+        end = start + self.timing.batch_time(shape)
         if self.plans is not None:
-            self.plans.append((inst.instance_id, now, end, plan))
+            self.plans.append((inst.instance_id, start, end, plan))
         self.in_flight[k] = (plan, shape)
-        self.batch_start[k] = now
+        self.batch_start[k] = start
         self.ends.push(end, k)
 
     def _finish_batch(self, k: int, now: float) -> None:
@@ -247,7 +255,7 @@ class Simulation:
                 if t.finished:
                     self._retire(t.request_id)
         self._report_state(inst, now)
-        self._kick(k, now)
+        self._kick(k, now, back_to_back=True)
 
     def _report_state(self, inst: Instance, now: float) -> None:
         offers = (not self._ticket_hook[self.index[inst.instance_id]]
@@ -285,6 +293,8 @@ class Simulation:
             sim_wall_s=round(wall, 3),
         )
         out.update(prefix_stats(self.instances))
+        if self.cfg.overhead_profile is not None:
+            out["overhead_profile"] = self.cfg.overhead_profile
         if (router := self.controller.prefix_router) is not None:
             out["prefix_routed_to_match"] = router.num_matched
         return out
