@@ -133,6 +133,7 @@ async def _one(client: Any, req: Request, t0: float, bar: Any,
 
     offset = req.arrival_time
     await asyncio.sleep(max(0.0, t0 + offset - time.monotonic()))
+    sent = time.time()  # a request refused before its first token has no gateway stamp
     try:
         async for c in client.generate(
             prompt_token_ids=prompt_ids(req), max_tokens=req.output_len, ttft_slo=req.slo.ttft,
@@ -152,6 +153,8 @@ async def _one(client: Any, req: Request, t0: float, bar: Any,
                 req.status, req.finish_time = RequestStatus.FINISHED, c.time
     except RequestDropped:
         req.status, req.finish_time = RequestStatus.DROPPED, time.time()
+        if not req.token_times:  # on the gateway's clock like the rest, not the offset
+            req.arrival_time = sent
     except SloserveError as exc:
         print(f"request {req.request_id}: {exc.code.name}: {exc.details}", file=sys.stderr)
     if bar is not None:

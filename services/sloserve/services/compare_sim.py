@@ -8,7 +8,9 @@ with the deployment the stack reports about itself: the gateway's ``Info``
 scheduler runs admission control at its defaults (``sloserve up`` exposes no
 admission flags), so the simulation does too (``simulate --admission``).
 Optionally the simulator's ground truth includes a measured overhead profile
-(``--overhead-profile``, ``sloserve.sim.overhead``).
+(``--overhead-profile``, ``sloserve.sim.overhead``). The stack's schedulers say
+whether they run overlap scheduling (``Status.overlap``, the default); the
+simulation then does too (``simulate --overlap``, ``sloserve.sim.overlap``).
 
 ``--overhead-out FILE`` saves the un-hidden gaps the stack's schedulers measured
 during the run (``Status.unhidden_samples_s``, pooled over instances) as such a
@@ -110,6 +112,7 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         jct_share=args.jct_share, arrival=args.arrival, cv=args.cv, seed=args.seed,
         num_blocks=int(inst[0]["kv_capacity_blocks"]), block_size=int(inst[0]["block_size"]),
         policy_config=config, admission=Admission(), overhead_profile=overhead_profile,
+        overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
         prefix_caching=False,  # `up` runs its schedulers without prefix caching
     )
 
@@ -142,7 +145,7 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
         "sim_config": {"policy": cfg.policy, "instances": cfg.instances,
                        "hp_instances": cfg.hp_instances, "model": cfg.model, "gpu": cfg.gpu,
                        "num_blocks": cfg.num_blocks, "qps": cfg.qps, "seed": cfg.seed,
-                       "overhead_profile": cfg.overhead_profile,
+                       "overhead_profile": cfg.overhead_profile, "overlap": cfg.overlap,
                        "policy_config": json.loads(sts[0].policy_config)},
         "metrics": differences(live, sim),
         "live_unhidden_p50_ms": [st.unhidden_p50_s * 1e3 for st in sts],

@@ -18,7 +18,7 @@ from typing import Any
 from sloserve.admission import for_deployment, refusal
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
-from sloserve.instance import Instance
+from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
 from sloserve.metrics import RunSummary
@@ -215,9 +215,19 @@ class Simulation:
         an empty plan leaves it idle until the next event that reaches it. With an
         overhead profile, a batch that follows one that just ended (``back_to_back``)
         starts after a measured gap (``sim.overhead``); the plan is decided at ``now``."""
-        inst = self.instances[k]
-        if self.in_flight[k] is not None or not inst.has_work:
+        if self.in_flight[k] is not None or not self.instances[k].has_work:
             return
+        decided = self._decide(k, now)
+        if decided is None:
+            return
+        plan, shape = decided
+        start = now + self._gap(back_to_back)
+        self._start(k, plan, shape, start, start + self.timing.batch_time(shape))
+
+    def _decide(self, k: int, now: float) -> tuple[BatchPlan, BatchShape] | None:
+        """The policy's plan for instance ``k`` at ``now`` (applied: KV, queues), its
+        offloads and drops carried out; ``None`` (state reported) for an empty plan."""
+        inst = self.instances[k]
         plan, offloaded, dropped = inst.schedule(now)
         if offloaded or dropped:
             self.num_offloads += len(offloaded)
@@ -225,12 +235,17 @@ class Simulation:
                 self._carry_out(action, now)
         if plan.is_empty:
             self._report_state(inst, now)
-            return
-        shape = plan.shape()
-        start = now + self.overhead.gap() if back_to_back and self.overhead is not None else now
-        end = start + self.timing.batch_time(shape)
+            return None
+        return plan, plan.shape()
+
+    def _gap(self, back_to_back: bool) -> float:
+        """The executor's idle time before a batch (0 without a profile or after idle)."""
+        return self.overhead.gap() if back_to_back and self.overhead is not None else 0.0
+
+    def _start(self, k: int, plan: BatchPlan, shape: BatchShape, start: float,
+               end: float) -> None:
         if self.plans is not None:
-            self.plans.append((inst.instance_id, start, end, plan))
+            self.plans.append((self.instances[k].instance_id, start, end, plan))
         self.in_flight[k] = (plan, shape)
         self.batch_start[k] = start
         self.ends.push(end, k)
@@ -248,7 +263,7 @@ class Simulation:
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
-        tokens = inst.complete(plan, now)
+        tokens = self._apply(k, plan, now)
         self.controller.on_tokens(tokens)
         if self.stream is not None:
             for t in tokens:
@@ -256,6 +271,11 @@ class Simulation:
                     self._retire(t.request_id)
         self._report_state(inst, now)
         self._kick(k, now, back_to_back=True)
+
+    def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:
+        """The ended batch's tokens: its plan is applied now (``sim.overlap`` applied it
+        when it was decided)."""
+        return self.instances[k].complete(plan, now)
 
     def _report_state(self, inst: Instance, now: float) -> None:
         offers = (not self._ticket_hook[self.index[inst.instance_id]]
@@ -295,6 +315,8 @@ class Simulation:
         out.update(prefix_stats(self.instances))
         if self.cfg.overhead_profile is not None:
             out["overhead_profile"] = self.cfg.overhead_profile
+        if self.cfg.overlap:
+            out["overlap"] = True
         if (router := self.controller.prefix_router) is not None:
             out["prefix_routed_to_match"] = router.num_matched
         return out
@@ -302,4 +324,8 @@ class Simulation:
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:
     """Run one simulation and return the metrics JSON object (docs/design.md definitions)."""
+    if cfg.overlap:
+        from sloserve.sim.overlap import OverlapSimulation
+
+        return OverlapSimulation(cfg).run()
     return Simulation(cfg).run()
