@@ -215,6 +215,9 @@ def table() -> None:
                 "arrival_lag_ms": [cmp.get("arrival_lag_p50_ms"), cmp.get("arrival_lag_p99_ms")],
                 "delivery_lag_ms": [cmp.get("delivery_lag_p50_ms"),
                                     cmp.get("delivery_lag_p99_ms")],
+                # tokens at the instance's iteration end instead of the gateway's emit,
+                # against bench --compare-sim's simulation (overlap, no profile)
+                "instance_side": cmp.get("instance_side_metrics"),
                 "measurement": live_out["measurement"],
             })
             for v, x in sims.items():

@@ -48,6 +48,10 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     assert cfg["overlap"] is True and cfg["policy_config"]["token_budget"] == 512
     assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
     assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0
+    # the same run on the instances' clock (iteration ends): tokens leave before the gateway
+    side = cmp["instance_side_metrics"]
+    assert set(side) == set(cmp["metrics"])
+    assert 0 < side["ttft_p50"]["live"] <= cmp["metrics"]["ttft_p50"]["live"]
 
     saved = OverheadProfile.load(profile)
     assert saved.backend == "sim" and saved.policy == "sarathi" and saved.overlap

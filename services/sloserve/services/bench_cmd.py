@@ -147,6 +147,7 @@ async def _one(client: Any, req: Request, t0: float, bar: Any,
                     probe.arrival_lag_s.append(c.arrival_time - probe.wall_t0 - offset)
                 if c.produced_time:
                     probe.delivery_lag_s.append(c.time - c.produced_time)
+                    probe.produced.setdefault(req.request_id, []).append(c.produced_time)
             req.num_generated = c.index + 1
             req.num_offloads = c.num_offloads
             if c.finish_reason:
@@ -216,6 +217,8 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
         reqs = workload(args, info["model"], info["instances"][0]["hardware"])
         await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar, probe),
                        *progress(args), probe=probe)
+    if probe is not None:
+        probe.summarize_instance_side(reqs)
     out = result(reqs, args, policy=",".join(info["policies"]),
                  instances=len(info["instances"]), model=info["model"],
                  offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)

@@ -51,6 +51,21 @@ class LiveTimings:
     wall_t0: float = 0.0
     arrival_lag_s: list[float] = field(default_factory=list)
     delivery_lag_s: list[float] = field(default_factory=list)
+    produced: dict[str, list[float]] = field(default_factory=dict)  # per request, iteration ends
+    # summarize() over the iteration ends instead of the gateway's emit times (set by replay)
+    instance_side: dict[str, Any] | None = None
+
+    def summarize_instance_side(self, reqs: list[Any]) -> None:
+        """The run's metrics on the instances' clock: each token at the end of the
+        iteration that produced it (what the simulator models), arrivals as stamped."""
+        import dataclasses
+
+        from sloserve.metrics import summarize
+
+        copies = [dataclasses.replace(r, token_times=list(self.produced.get(r.request_id, [])))
+                  if len(self.produced.get(r.request_id, [])) == len(r.token_times) else r
+                  for r in reqs]
+        self.instance_side = dict(summarize(copies))
 
     def summary(self) -> dict[str, float | None]:
         import numpy as np
@@ -158,6 +173,8 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
     }
     if probe is not None:
         out.update(probe.summary())
+        if probe.instance_side is not None:
+            out["instance_side_metrics"] = differences(probe.instance_side, sim)
     return out
 
 
