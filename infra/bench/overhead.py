@@ -18,6 +18,9 @@ batches (it reports each gap itself): with overlap scheduling (the scheduler's
 default, ``--no-overlap`` here turns it off) the decision and the stream hops
 run while a batch executes, so only this part is left on the critical path.
 
+``--out FILE`` saves the window's un-hidden gaps as the simulator's overhead
+profile (``sloserve.sim.overhead``; ``{backend}`` in FILE names one per backend).
+
 ``--backends sim,vllm`` measures the same on each backend, one stack after the
 other in this run (``vllm``: vLLM's engine on SmolLM2-135M, CPU; its
 iterations are real forward passes, so they are fewer per second).
@@ -40,6 +43,7 @@ from sloserve.client import AsyncClient, SloserveError
 from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack, StackConfig
 from sloserve.services.store import free_port
+from sloserve.sim.overhead import OverheadProfile
 
 
 async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -> None:
@@ -51,7 +55,9 @@ async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -
         pass
 
 
-async def _as_gateway(target: str, args: argparse.Namespace) -> None:
+async def _as_gateway(
+    target: str, args: argparse.Namespace, md: tuple[tuple[str, str], ...]
+) -> None:
     """Be the gateway: Hello, then every request, then read (and drop) the outputs."""
     q: asyncio.Queue[scheduler_pb2.SchedulerInput] = asyncio.Queue()
     q.put_nowait(scheduler_pb2.SchedulerInput(hello=scheduler_pb2.Hello(gateway_id="bench")))
@@ -66,26 +72,35 @@ async def _as_gateway(target: str, args: argparse.Namespace) -> None:
             yield await q.get()
 
     async with grpc.aio.insecure_channel(target) as ch:
-        async for _ in scheduler_grpc.SchedulerStub(ch).Connect(inputs()):
+        async for _ in scheduler_grpc.SchedulerStub(ch).Connect(inputs(), metadata=md):
             pass
 
 
 async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
     addr = stack.services["scheduler-lp0"].address
     status = scheduler_grpc.SchedulerStub(grpc.aio.insecure_channel(addr)).Status
+    md = stack.internal_metadata  # the internal plane's token (services/auth.py)
     async with AsyncClient(stack.gateway) as client:
         if args.direct:
             stack.kill("gateway")
-            tasks = [asyncio.create_task(_as_gateway(addr, args))]
+            tasks = [asyncio.create_task(_as_gateway(addr, args, md))]
         else:
             tasks = [asyncio.create_task(_hold(client, k, args.prompt_len, args.max_tokens))
                      for k in range(args.requests)]
         await asyncio.sleep(args.warmup)
-        first = await status(scheduler_pb2.StatusRequest())
+        first = await status(scheduler_pb2.StatusRequest(), metadata=md)
         await asyncio.sleep(args.seconds)
-        st = await status(scheduler_pb2.StatusRequest())
+        st = await status(scheduler_pb2.StatusRequest(), metadata=md)
         for t in tasks:
             t.cancel()
+    if args.out:  # the window's gaps as the simulator's overhead profile (sim.overhead)
+        full = await status(scheduler_pb2.StatusRequest(samples=True), metadata=md)
+        OverheadProfile(tuple(full.unhidden_samples_s), backend=stack.cfg.backend,
+                        policy=args.policy, overlap=full.overlap, source={
+                            "command": "infra/bench/overhead.py", "requests": args.requests,
+                            "direct": args.direct, "time_scale": args.time_scale,
+                            "load_avg_1m": os.getloadavg()[0]},
+                        ).save(args.out.replace("{backend}", stack.cfg.backend))
     return {"mode": "direct" if args.direct else "sdk+gateway",
         "backend": stack.cfg.backend, "policy": args.policy, "requests": args.requests,
         "waiting": st.num_waiting,
@@ -112,6 +127,9 @@ def main() -> None:
     p.add_argument("--direct", action="store_true", help="be the gateway (no SDK streams)")
     p.add_argument("--backends", default="sim", help="comma list of sim, vllm")
     p.add_argument("--vllm-model", default="smollm2-135m")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="save the measured un-hidden gaps as an overhead profile for "
+                        "`simulate --overhead-profile` ({backend} in FILE: one per backend)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="the scheduler's overlap scheduling (default on, as the scheduler's)")
     args = p.parse_args()
