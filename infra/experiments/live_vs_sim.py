@@ -231,9 +231,83 @@ def table() -> None:
     _save(data)
 
 
+def noise(seeds: int = 10) -> None:
+    """How much the simulation itself moves when only the ground truth's run-to-run noise
+    draws change (same workload, same config, overlap on): the live executor draws its noise
+    with another seed than ``simulate`` (the stack's, 0), so this spread is the floor any
+    live-vs-sim difference of one 200-request run sits on. Run it at nice 19."""
+    import dataclasses
+
+    import numpy as np
+
+    from sloserve.admission import Admission
+    from sloserve.perf.ground_truth import ProfileTiming
+    from sloserve.sim.config import SimConfig
+    from sloserve.sim.simulator import simulate as run_sim
+
+    data = _load()
+    caps = data["capacity_qps"]
+    spread = {}
+    for dep, d in DEPLOYMENTS.items():
+        for load in LOADS:
+            base = SimConfig(policy=d["policy"], instances=d["instances"],
+                             hp_instances=d["hp_instances"], trace="sharegpt",
+                             num_requests=200, seed=SEED, qps=round(load * caps[dep], 4),
+                             admission=Admission(), overlap=True)
+            vals: dict[str, list[float]] = {m: [] for m in METRICS}
+            for k in range(seeds):
+                out = run_sim(dataclasses.replace(
+                    base, timing=ProfileTiming("llama-3-8b", "a100", seed=1000 + k)))
+                for m in METRICS:
+                    vals[m].append(out[m])
+            row: dict[str, dict[str, Any]] = {}
+            for m, xs in vals.items():
+                a = np.array(xs)
+                row[m] = {"mean_ms": float(a.mean() * 1e3),
+                          "rel_std": float(a.std() / a.mean()),
+                          "rel_range": [float(a.min() / a.mean() - 1),
+                                        float(a.max() / a.mean() - 1)]}
+            spread[f"{dep}-{load:g}"] = row
+            print(dep, load, {m: f"sd {v['rel_std'] * 100:.1f}% range "
+                                 f"{v['rel_range'][0] * 100:+.1f}..{v['rel_range'][1] * 100:+.1f}%"
+                              for m, v in row.items()}, flush=True)
+    data["noise_floor"] = {"seeds": seeds, "note": (
+        "simulate (overlap, admission, no profile) with only the ground truth's noise seed "
+        "changed (1000..); relative std and range of each metric"), "cells": spread}
+    _save(data)
+
+
+def markdown() -> None:
+    """The docs table: one row per (deployment, load, metric), every simulation variant."""
+    data = _load()
+    variants = ("serial", "overlap", "overlap+own_profile", "overlap+calibration_profile")
+    names = {"ttft_p50": "TTFT P50", "ttft_p99": "TTFT P99", "tbt_p50": "TBT P50",
+             "tbt_p99": "TBT P99"}
+    print("| deployment | load (req/s) | metric | live | " + " | ".join(
+        f"sim {v}" for v in variants) + " | instance-side live vs overlap |")
+    print("|---" * (5 + len(variants)) + "|")
+    for r in data["rows"]:
+        for m in METRICS:
+            cells = []
+            for v in variants:
+                x = r["sim"].get(v)
+                if x is None:
+                    cells.append("-")
+                    continue
+                mm = x["metrics"][m]
+                mark = "" if abs(mm["diff"]) <= 0.05 else "**"
+                cells.append(f"{mm['sim'] * 1e3:.1f} ms ({mark}{mm['diff'] * 100:+.1f}%{mark})")
+            side = r.get("instance_side")
+            sd = (f"{side[m]['live'] * 1e3:.1f} ms ({side[m]['diff'] * 100:+.1f}%)"
+                  if side else "-")
+            print(f"| {r['deployment']} | {r['load']:g} x ({r['qps']:.1f}) | {names[m]} | "
+                  f"{r['live'][m] * 1e3:.1f} ms | " + " | ".join(cells) + f" | {sd} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("phase", choices=("capacity", "calibrate", "live", "table"))
+    p.add_argument("phase", choices=("capacity", "calibrate", "live", "table", "markdown",
+                                          "noise"))
     p.add_argument("cells", nargs="*", default=[f"{d}:{x:g}" for d in DEPLOYMENTS for x in LOADS])
     args = p.parse_args()
     if args.phase == "capacity":
@@ -242,6 +316,10 @@ def main() -> None:
         calibrate()
     elif args.phase == "live":
         live(args.cells)
+    elif args.phase == "markdown":
+        markdown()
+    elif args.phase == "noise":
+        noise()
     else:
         table()
 
