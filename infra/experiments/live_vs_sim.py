@@ -181,8 +181,8 @@ def table() -> None:
     rows = []
     for dep in DEPLOYMENTS:
         calib = RAW / f"{dep}-calibration.profile.json"
-        for load in LOADS:
-            raw = RAW / f"{dep}-{load:g}.json"
+        for load, run in [(x, r) for x in LOADS for r in ("", ".run1")]:
+            raw = RAW / f"{dep}-{load:g}{run}.json"  # .run1: an earlier run kept beside a repeat
             if not raw.exists():
                 continue
             live_out = json.loads(raw.read_text())
@@ -201,7 +201,7 @@ def table() -> None:
             own = OverheadProfile.load(ROOT / live_out["overhead_profile_file"])
             cmp = live_out.get("compare_sim", {})
             rows.append({
-                "deployment": dep, "load": load, "qps": qps,
+                "deployment": dep, "load": load, "qps": qps, "run": "latest" if not run else "1",
                 "live": {k: live_out[k] for k in (*METRICS, "goodput_share", "completed",
                                                   "dropped", "throughput_tok_s")},
                 "sim": sims,
@@ -221,7 +221,7 @@ def table() -> None:
                 "measurement": live_out["measurement"],
             })
             for v, x in sims.items():
-                print(dep, load, v, {m: round(x["metrics"][m]["diff"] * 100, 1)
+                print(dep, load, run, v, {m: round(x["metrics"][m]["diff"] * 100, 1)
                                      for m in METRICS}, flush=True)
     data["rows"] = rows
     data["workload"] = ("ShareGPT, 200 requests, seed 4, Poisson arrivals, default SLOs "
@@ -300,7 +300,8 @@ def markdown() -> None:
             side = r.get("instance_side")
             sd = (f"{side[m]['live'] * 1e3:.1f} ms ({side[m]['diff'] * 100:+.1f}%)"
                   if side else "-")
-            print(f"| {r['deployment']} | {r['load']:g} x ({r['qps']:.1f}) | {names[m]} | "
+            tag = " (earlier run)" if r.get("run") == "1" else ""
+            print(f"| {r['deployment']}{tag} | {r['load']:g} x ({r['qps']:.1f}) | {names[m]} | "
                   f"{r['live'][m] * 1e3:.1f} ms | " + " | ".join(cells) + f" | {sd} |")
 
 
