@@ -18,6 +18,9 @@ batches (it reports each gap itself): with overlap scheduling (the scheduler's
 default, ``--no-overlap`` here turns it off) the decision and the stream hops
 run while a batch executes, so only this part is left on the critical path.
 
+``--out FILE`` saves the window's un-hidden gaps as the simulator's overhead
+profile (``sloserve.sim.overhead``; ``{backend}`` in FILE names one per backend).
+
 ``--backends sim,vllm`` measures the same on each backend, one stack after the
 other in this run (``vllm``: vLLM's engine on SmolLM2-135M, CPU; its
 iterations are real forward passes, so they are fewer per second).
@@ -40,6 +43,7 @@ from sloserve.client import AsyncClient, SloserveError
 from sloserve.services.proto import common_pb2, scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack, StackConfig
 from sloserve.services.store import free_port
+from sloserve.sim.overhead import OverheadProfile
 
 
 async def _hold(client: AsyncClient, k: int, prompt_len: int, max_tokens: int) -> None:
@@ -89,6 +93,14 @@ async def measure(stack: Stack, args: argparse.Namespace) -> dict[str, float]:
         st = await status(scheduler_pb2.StatusRequest(), metadata=md)
         for t in tasks:
             t.cancel()
+    if args.out:  # the window's gaps as the simulator's overhead profile (sim.overhead)
+        full = await status(scheduler_pb2.StatusRequest(samples=True), metadata=md)
+        OverheadProfile(tuple(full.unhidden_samples_s), backend=stack.cfg.backend,
+                        policy=args.policy, overlap=full.overlap, source={
+                            "command": "infra/bench/overhead.py", "requests": args.requests,
+                            "direct": args.direct, "time_scale": args.time_scale,
+                            "load_avg_1m": os.getloadavg()[0]},
+                        ).save(args.out.replace("{backend}", stack.cfg.backend))
     return {"mode": "direct" if args.direct else "sdk+gateway",
         "backend": stack.cfg.backend, "policy": args.policy, "requests": args.requests,
         "waiting": st.num_waiting,
@@ -115,6 +127,9 @@ def main() -> None:
     p.add_argument("--direct", action="store_true", help="be the gateway (no SDK streams)")
     p.add_argument("--backends", default="sim", help="comma list of sim, vllm")
     p.add_argument("--vllm-model", default="smollm2-135m")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="save the measured un-hidden gaps as an overhead profile for "
+                        "`simulate --overhead-profile` ({backend} in FILE: one per backend)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
                    help="the scheduler's overlap scheduling (default on, as the scheduler's)")
     args = p.parse_args()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
@@ -40,6 +41,7 @@ from sloserve.services.bench_metrics import (
     timing,
     vllm_metrics,
 )
+from sloserve.services.compare_sim import LiveTimings
 
 
 def add_parser(subparsers: Any) -> None:
@@ -84,6 +86,16 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--cv", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--compare-sim", action="store_true",
+                   help="after each rate, simulate the same workload (seed, rate, SLOs) on the "
+                        "deployment the stack reports (Info + each scheduler's Status) and print "
+                        "live vs sim per metric (key compare_sim; grpc endpoint only)")
+    p.add_argument("--overhead-profile", default=None, metavar="FILE",
+                   help="with --compare-sim: the simulator's ground truth includes this measured "
+                        "overhead profile (simulate --overhead-profile)")
+    p.add_argument("--overhead-out", default=None, metavar="FILE",
+                   help="after the run, save the gaps between batches the stack's schedulers "
+                        "measured (Status) as an overhead profile for simulate (grpc only)")
 
 
 def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
@@ -115,10 +127,12 @@ def prompt_ids(req: Request) -> list[int]:
     return [rng.randrange(32, 127) for _ in range(req.prompt_len)]
 
 
-async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
+async def _one(client: Any, req: Request, t0: float, bar: Any,
+               probe: LiveTimings | None = None) -> None:
     from sloserve.client import RequestDropped, SloserveError
 
-    await asyncio.sleep(max(0.0, t0 + req.arrival_time - time.monotonic()))
+    offset = req.arrival_time
+    await asyncio.sleep(max(0.0, t0 + offset - time.monotonic()))
     # provisional, on the wall clock the gateway's times use: a request dropped or failed
     # before its first chunk keeps it (not the workload's offset, which made `duration`
     # last finish - 0, decades long); the first chunk replaces it with the gateway's
@@ -131,6 +145,12 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
         ):
             req.arrival_time = c.arrival_time
             req.token_times.append(c.time)
+            if probe is not None:
+                if c.index == 0:
+                    probe.arrival_lag_s.append(c.arrival_time - probe.wall_t0 - offset)
+                if c.produced_time:
+                    probe.delivery_lag_s.append(c.time - c.produced_time)
+                    probe.produced.setdefault(req.request_id, []).append(c.produced_time)
             req.num_generated = c.index + 1
             req.num_offloads = c.num_offloads
             if c.finish_reason:
@@ -144,7 +164,8 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
 
 
 async def send_all(reqs: list[Request], one: Callable[[Request, float, Any], Awaitable[None]],
-                   progress: bool = True, label: str = "") -> None:
+                   progress: bool = True, label: str = "",
+                   probe: LiveTimings | None = None) -> None:
     """Send every request at its arrival offset (``one(req, t0, bar)``), a tqdm bar on a
     terminal unless ``progress`` is off; the measured times replace the workload's
     synthetic ones."""
@@ -156,6 +177,8 @@ async def send_all(reqs: list[Request], one: Callable[[Request, float, Any], Awa
 
         bar = tqdm(total=len(reqs), unit="req", file=sys.stderr, desc=label or None)
     t0 = time.monotonic()
+    if probe is not None:
+        probe.wall_t0 = time.time() - (time.monotonic() - t0)
     await asyncio.gather(*(one(r, t0, bar) for r in reqs))
     if bar is not None:
         bar.close()
@@ -185,14 +208,32 @@ def result(reqs: list[Request], args: argparse.Namespace, **extra: Any) -> dict[
 async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
     """One rate (``args.qps`` a number, ``at_rate``) against our gRPC gateway."""
     from sloserve.client import AsyncClient
+    from sloserve.services import compare_sim
 
+    want_cmp = getattr(args, "compare_sim", False)
+    want_out = getattr(args, "overhead_out", None)
+    probe = compare_sim.LiveTimings() if want_cmp else None
     async with AsyncClient(target) as client:
         info = await client.info()
         reqs = workload(args, info["model"], info["instances"][0]["hardware"])
-        await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar), *progress(args))
-    return result(reqs, args, policy=",".join(info["policies"]),
-                  instances=len(info["instances"]), model=info["model"],
-                  offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
+        await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar, probe),
+                       *progress(args), probe=probe)
+    if probe is not None:
+        probe.summarize_instance_side(reqs)
+    out = result(reqs, args, policy=",".join(info["policies"]),
+                 instances=len(info["instances"]), model=info["model"],
+                 offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
+    if want_cmp or want_out:
+        sts = await compare_sim.statuses(info, samples=bool(want_out))
+        if want_out:
+            compare_sim.overhead_profile(sts, info["instances"][0]["backend"], {
+                "command": "sloserve bench", "target": target, "trace": args.trace,
+                "qps": args.qps, "num_requests": args.num_requests, "seed": args.seed,
+                "load_avg_1m": os.getloadavg()[0],
+            }).save(want_out)
+        if want_cmp:
+            out["compare_sim"] = compare_sim.compare(out, args, info, sts, probe)
+    return out
 
 
 def at_rate(args: argparse.Namespace, rate: float) -> argparse.Namespace:
@@ -209,6 +250,16 @@ def check(args: argparse.Namespace) -> list[float]:
                              f"> 0, got {q}")
     if args.num_requests < 1:
         raise ValueError(f"num_requests (--num-requests): must be >= 1, got {args.num_requests}")
+    if args.endpoint != "grpc" and (getattr(args, "compare_sim", False)
+                                    or getattr(args, "overhead_out", None)):
+        raise ValueError("compare_sim (--compare-sim, --overhead-out): reads the stack's own "
+                         "Status, so --endpoint grpc only")
+    if getattr(args, "overhead_profile", None) and not getattr(args, "compare_sim", False):
+        raise ValueError("overhead_profile (--overhead-profile): only with --compare-sim")
+    if getattr(args, "overhead_profile", None):
+        from sloserve.sim.overhead import OverheadProfile
+
+        OverheadProfile.load(args.overhead_profile)  # a bad file fails before anything is sent
     parse_goodput(args.goodput)
     parse_percentile_metrics(args.percentile_metrics)
     parse_metric_percentiles(args.metric_percentiles)
@@ -240,6 +291,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(bench_report.format_vllm(out))
             print(format_table(bench_report.ours(out)), flush=True)
+            if "compare_sim" in out:
+                from sloserve.services.compare_sim import format_comparison
+
+                print(format_comparison(out["compare_sim"]), flush=True)
     if args.result_file:
         bench_report.write_results(args.result_file, results)
     if args.plot:

@@ -60,7 +60,7 @@ def scalars(out: dict[str, Any]) -> dict[str, Any]:
 def ours(out: dict[str, Any]) -> dict[str, Any]:
     """The scalars ``format_vllm`` does not show: our SLO metrics and who served the run."""
     return {k: v for k, v in scalars(out).items()
-            if k not in VLLM_SCALARS and not k.endswith("_ms")}
+            if k not in VLLM_SCALARS and not k.endswith("_ms") and k != "compare_sim"}
 
 
 def write_results(path: str, results: Sequence[dict[str, Any]]) -> None:

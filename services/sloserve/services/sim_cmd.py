@@ -59,6 +59,12 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
+    p.add_argument("--overhead-profile", default=None, metavar="FILE",
+                   help="the live stack's measured gap between batches as part of the ground "
+                        "truth (`sloserve bench --overhead-out FILE`; docs/live-stack.md)")
+    p.add_argument("--overlap", action="store_true",
+                   help="model the live scheduler's overlap scheduling (its default): plan k+1 "
+                        "is decided when plan k starts, with k applied (docs/live-stack.md)")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
@@ -101,6 +107,8 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
         seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, timing_profile=args.timing_profile, metrics=args.metrics,
+        overhead_profile=getattr(args, "overhead_profile", None),
+        overlap=getattr(args, "overlap", False),
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
         prefix_caching=getattr(args, "prefix_caching", True),
         prefix_routing=getattr(args, "prefix_routing", False),

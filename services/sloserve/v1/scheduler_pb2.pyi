@@ -209,12 +209,19 @@ Global___SchedulerOutput: _TypeAlias = SchedulerOutput  # noqa: Y015
 class StatusRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    SAMPLES_FIELD_NUMBER: _builtins.int
+    samples: _builtins.bool
+    """also return the recent window's raw un-hidden samples (``unhidden_samples_s``):
+    ``bench --overhead-out`` saves them as the simulator's overhead profile
+    """
     def __init__(
         self,
+        *,
+        samples: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["samples", b"samples"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -243,6 +250,7 @@ class SchedulerStatus(_message.Message):
     UNHIDDEN_P50_S_FIELD_NUMBER: _builtins.int
     UNHIDDEN_P99_S_FIELD_NUMBER: _builtins.int
     OVERLAP_FIELD_NUMBER: _builtins.int
+    UNHIDDEN_SAMPLES_S_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -275,6 +283,12 @@ class SchedulerStatus(_message.Message):
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
     @_builtins.property
     def coefficients(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def unhidden_samples_s(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
+        """With StatusRequest.samples: every un-hidden sample of the recent window (seconds,
+        oldest first), the empirical distribution behind unhidden_p50_s/p99_s.
+        """
+
     def __init__(
         self,
         *,
@@ -297,10 +311,11 @@ class SchedulerStatus(_message.Message):
         unhidden_p50_s: _builtins.float = ...,
         unhidden_p99_s: _builtins.float = ...,
         overlap: _builtins.bool = ...,
+        unhidden_samples_s: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

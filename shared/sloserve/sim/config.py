@@ -37,6 +37,10 @@ class SimConfig:
     policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
+    # the live stack's un-hidden gap between batches (``sim.overhead``; ``bench --overhead-out``)
+    overhead_profile: str | None = None
+    # the live scheduler's overlap scheduling: plan k+1 decided while k runs (``sim.overlap``)
+    overlap: bool = False
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit

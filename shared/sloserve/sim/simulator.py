@@ -18,7 +18,7 @@ from typing import Any
 from sloserve.admission import for_deployment, refusal
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
-from sloserve.instance import Instance
+from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
 from sloserve.metrics import RunSummary
@@ -34,6 +34,7 @@ from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
+from sloserve.sim.overhead import OverheadProfile, OverheadSampler
 from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
@@ -94,6 +95,10 @@ class Simulation:
         self.cfg = cfg
         self.model = get_model(cfg.model)
         self.timing = build_timing(cfg)
+        # the simulated executor's idle gap between back-to-back batches (the live stack's
+        # measured service overhead): part of the ground truth, never seen by a policy
+        self.overhead = (None if cfg.overhead_profile is None else
+                         OverheadSampler(OverheadProfile.load(cfg.overhead_profile), cfg.seed))
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         if cfg.perf_model == "online":
@@ -205,12 +210,24 @@ class Simulation:
             self.stream.add(self._retired)
             self._retired = []
 
-    def _kick(self, k: int, now: float) -> None:
+    def _kick(self, k: int, now: float, back_to_back: bool = False) -> None:
         """Start the next iteration on instance ``k`` if it is idle and has work;
-        an empty plan leaves it idle until the next event that reaches it."""
-        inst = self.instances[k]
-        if self.in_flight[k] is not None or not inst.has_work:
+        an empty plan leaves it idle until the next event that reaches it. With an
+        overhead profile, a batch that follows one that just ended (``back_to_back``)
+        starts after a measured gap (``sim.overhead``); the plan is decided at ``now``."""
+        if self.in_flight[k] is not None or not self.instances[k].has_work:
             return
+        decided = self._decide(k, now)
+        if decided is None:
+            return
+        plan, shape = decided
+        start = now + self._gap(back_to_back)
+        self._start(k, plan, shape, start, start + self.timing.batch_time(shape))
+
+    def _decide(self, k: int, now: float) -> tuple[BatchPlan, BatchShape] | None:
+        """The policy's plan for instance ``k`` at ``now`` (applied: KV, queues), its
+        offloads and drops carried out; ``None`` (state reported) for an empty plan."""
+        inst = self.instances[k]
         plan, offloaded, dropped = inst.schedule(now)
         if offloaded or dropped:
             self.num_offloads += len(offloaded)
@@ -218,13 +235,19 @@ class Simulation:
                 self._carry_out(action, now)
         if plan.is_empty:
             self._report_state(inst, now)
-            return
-        shape = plan.shape()
-        end = now + self.timing.batch_time(shape)
+            return None
+        return plan, plan.shape()
+
+    def _gap(self, back_to_back: bool) -> float:
+        """The executor's idle time before a batch (0 without a profile or after idle)."""
+        return self.overhead.gap() if back_to_back and self.overhead is not None else 0.0
+
+    def _start(self, k: int, plan: BatchPlan, shape: BatchShape, start: float,
+               end: float) -> None:
         if self.plans is not None:
-            self.plans.append((inst.instance_id, now, end, plan))
+            self.plans.append((self.instances[k].instance_id, start, end, plan))
         self.in_flight[k] = (plan, shape)
-        self.batch_start[k] = now
+        self.batch_start[k] = start
         self.ends.push(end, k)
 
     def _finish_batch(self, k: int, now: float) -> None:
@@ -240,14 +263,19 @@ class Simulation:
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
         self.kv_util_sum += inst.kv.utilization
-        tokens = inst.complete(plan, now)
+        tokens = self._apply(k, plan, now)
         self.controller.on_tokens(tokens)
         if self.stream is not None:
             for t in tokens:
                 if t.finished:
                     self._retire(t.request_id)
         self._report_state(inst, now)
-        self._kick(k, now)
+        self._kick(k, now, back_to_back=True)
+
+    def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:
+        """The ended batch's tokens: its plan is applied now (``sim.overlap`` applied it
+        when it was decided)."""
+        return self.instances[k].complete(plan, now)
 
     def _report_state(self, inst: Instance, now: float) -> None:
         offers = (not self._ticket_hook[self.index[inst.instance_id]]
@@ -285,6 +313,10 @@ class Simulation:
             sim_wall_s=round(wall, 3),
         )
         out.update(prefix_stats(self.instances))
+        if self.cfg.overhead_profile is not None:
+            out["overhead_profile"] = self.cfg.overhead_profile
+        if self.cfg.overlap:
+            out["overlap"] = True
         if (router := self.controller.prefix_router) is not None:
             out["prefix_routed_to_match"] = router.num_matched
         return out
@@ -292,4 +324,8 @@ class Simulation:
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:
     """Run one simulation and return the metrics JSON object (docs/design.md definitions)."""
+    if cfg.overlap:
+        from sloserve.sim.overlap import OverlapSimulation
+
+        return OverlapSimulation(cfg).run()
     return Simulation(cfg).run()

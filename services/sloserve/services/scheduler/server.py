@@ -277,6 +277,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             policy_config=config_json(inst.policy.config),
             idle=self.waiting_for_wake and not self.wake.is_set(),
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
+            unhidden_samples_s=list(self.unhidden) if request.samples else (),
         )
 
 

@@ -1,0 +1,202 @@
+"""``sloserve bench --compare-sim``: the live run next to ``simulate`` for the same seed.
+
+Issue 14, build item 4: after a bench run against a stack, the same workload
+(trace, seed, arrivals, SLOs, request count, rate) is simulated in this process
+with the deployment the stack reports about itself: the gateway's ``Info``
+(model, hardware, instances and roles, KV blocks) and each scheduler's
+``Status`` (policy and ``policy_config``, every knob resolved). The live stack's
+scheduler runs admission control at its defaults (``sloserve up`` exposes no
+admission flags), so the simulation does too (``simulate --admission``).
+Optionally the simulator's ground truth includes a measured overhead profile
+(``--overhead-profile``, ``sloserve.sim.overhead``). The stack's schedulers say
+whether they run overlap scheduling (``Status.overlap``, the default); the
+simulation then does too (``simulate --overlap``, ``sloserve.sim.overlap``).
+
+``--overhead-out FILE`` saves the un-hidden gaps the stack's schedulers measured
+during the run (``Status.unhidden_samples_s``, pooled over instances) as such a
+profile. The scheduler's internal plane may require ``$SLOSERVE_INTERNAL_TOKEN``
+(``sloserve up`` generates one unless it is set): set it for both commands.
+
+Reported per metric: live, sim, and the relative difference (live - sim) / sim.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from sloserve.policies import get_spec
+from sloserve.sim.config import SimConfig
+from sloserve.sim.overhead import OverheadProfile
+
+# (key, label): summarize's keys, plus request throughput (completed / duration)
+COMPARED = (
+    ("ttft_p50", "TTFT P50"), ("ttft_p99", "TTFT P99"),
+    ("tbt_p50", "TBT P50"), ("tbt_p99", "TBT P99"),
+    ("mean_tbt_p50", "mean TBT P50"), ("goodput_share", "goodput share"),
+    ("throughput_tok_s", "throughput tok/s"), ("request_throughput", "throughput req/s"),
+)
+
+
+@dataclass(slots=True)
+class LiveTimings:
+    """What the client sees beside the token times: how late each request reached the
+    gateway (its stamp minus the workload's arrival offset) and each token's delivery
+    lag (gateway emit time minus the iteration's end on the instance)."""
+
+    wall_t0: float = 0.0
+    arrival_lag_s: list[float] = field(default_factory=list)
+    delivery_lag_s: list[float] = field(default_factory=list)
+    produced: dict[str, list[float]] = field(default_factory=dict)  # per request, iteration ends
+    # summarize() over the iteration ends instead of the gateway's emit times (set by replay)
+    instance_side: dict[str, Any] | None = None
+
+    def summarize_instance_side(self, reqs: list[Any]) -> None:
+        """The run's metrics on the instances' clock: each token at the end of the
+        iteration that produced it (what the simulator models), arrivals as stamped."""
+        import dataclasses
+
+        from sloserve.metrics import summarize
+
+        copies = [dataclasses.replace(r, token_times=list(self.produced.get(r.request_id, [])))
+                  if len(self.produced.get(r.request_id, [])) == len(r.token_times) else r
+                  for r in reqs]
+        self.instance_side = dict(summarize(copies))
+
+    def summary(self) -> dict[str, float | None]:
+        import numpy as np
+
+        out: dict[str, float | None] = {}
+        for name, xs in (("arrival_lag", self.arrival_lag_s),
+                         ("delivery_lag", self.delivery_lag_s)):
+            p = np.percentile(xs, (50, 99)) if xs else (None, None)
+            out[f"{name}_p50_ms"] = None if p[0] is None else float(p[0]) * 1e3
+            out[f"{name}_p99_ms"] = None if p[1] is None else float(p[1]) * 1e3
+        return out
+
+
+async def statuses(info: dict[str, Any], samples: bool = False) -> list[Any]:
+    """Every scheduler's ``Status`` (the addresses from the gateway's ``Info``)."""
+    from sloserve.services import rpc
+    from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+
+    out = []
+    for inst in info["instances"]:
+        async with rpc.channel(inst["address"]) as ch:
+            try:
+                st = await scheduler_grpc.SchedulerStub(ch).Status(
+                    scheduler_pb2.StatusRequest(samples=samples), timeout=5.0)
+            except grpc.aio.AioRpcError as exc:
+                hint = (" (set $SLOSERVE_INTERNAL_TOKEN to the stack's internal token)"
+                        if exc.code() == grpc.StatusCode.UNAUTHENTICATED else "")
+                raise ValueError(f"compare_sim (--compare-sim): scheduler {inst['address']} "
+                                 f"Status failed: {exc.code().name}{hint}") from None
+        out.append(st)
+    return out
+
+
+def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
+               overhead_profile: str | None) -> SimConfig:
+    """The ``SimConfig`` that replays ``args``' workload on the stack ``info`` describes."""
+    from sloserve.admission import Admission
+    from sloserve.defaults import workload_slos
+
+    policies = sorted({st.policy for st in sts})
+    if len(policies) != 1:
+        raise ValueError(f"compare_sim (--compare-sim): the stack runs several policies "
+                         f"{policies}; simulate runs one")
+    policy = policies[0]
+    spec = get_spec(policy)
+    # every instance runs the config `up` resolved once; an HP's role rules are applied
+    # by the policy, not written into it, so the first LP's is the deployment's
+    lp = [st for st in sts if st.role != "hp"]
+    raw = json.loads((lp or sts)[0].policy_config)
+    knobs = spec.knobs()
+    config = spec.config_cls(**{k: v for k, v in raw.items() if k in knobs})
+    inst = info["instances"]
+    ttft, tbt = workload_slos(args.ttft_slo, args.tbt_slo, args.slo_mix)
+    return SimConfig(
+        policy=policy, model=info["model"], gpu=inst[0]["hardware"], instances=len(inst),
+        hp_instances=sum(1 for i in inst if i.get("role") == "hp"),
+        trace=args.trace, trace_file=args.trace_file, qps=args.qps,
+        num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt, slo_mix=args.slo_mix,
+        jct_share=args.jct_share, arrival=args.arrival, cv=args.cv, seed=args.seed,
+        num_blocks=int(inst[0]["kv_capacity_blocks"]), block_size=int(inst[0]["block_size"]),
+        policy_config=config, admission=Admission(), overhead_profile=overhead_profile,
+        overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
+        prefix_caching=False,  # `up` runs its schedulers without prefix caching
+    )
+
+
+def _request_throughput(out: dict[str, Any]) -> float | None:
+    dur = out.get("duration")
+    return out["completed"] / dur if dur else None
+
+
+def differences(live: dict[str, Any], sim: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per compared metric: live, sim, and (live - sim) / sim (None where undefined)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, _ in COMPARED:
+        a = _request_throughput(live) if key == "request_throughput" else live.get(key)
+        b = _request_throughput(sim) if key == "request_throughput" else sim.get(key)
+        rel = (a - b) / b if isinstance(a, float | int) and isinstance(b, float | int) and b \
+            else None
+        out[key] = {"live": a, "sim": b, "diff": rel}
+    return out
+
+
+def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any],
+            probe: LiveTimings | None = None) -> dict[str, Any]:
+    """Simulate ``args``' workload on the stack and compare it with the ``live`` result."""
+    from sloserve.sim.simulator import simulate
+
+    cfg = sim_config(args, info, sts, getattr(args, "overhead_profile", None))
+    sim = simulate(cfg)
+    out: dict[str, Any] = {
+        "sim_config": {"policy": cfg.policy, "instances": cfg.instances,
+                       "hp_instances": cfg.hp_instances, "model": cfg.model, "gpu": cfg.gpu,
+                       "num_blocks": cfg.num_blocks, "qps": cfg.qps, "seed": cfg.seed,
+                       "overhead_profile": cfg.overhead_profile, "overlap": cfg.overlap,
+                       "policy_config": json.loads(sts[0].policy_config)},
+        "metrics": differences(live, sim),
+        "live_unhidden_p50_ms": [st.unhidden_p50_s * 1e3 for st in sts],
+        "live_unhidden_p99_ms": [st.unhidden_p99_s * 1e3 for st in sts],
+        "live_overhead_p50_ms": [st.overhead_p50_s * 1e3 for st in sts],
+        "live_iterations": sum(st.iterations for st in sts),
+        "sim_iterations": sim["iterations"],
+        "overlap": [st.overlap for st in sts],
+        "load_avg_1m": os.getloadavg()[0],
+    }
+    if probe is not None:
+        out.update(probe.summary())
+        if probe.instance_side is not None:
+            out["instance_side_metrics"] = differences(probe.instance_side, sim)
+    return out
+
+
+def format_comparison(cmp: dict[str, Any]) -> str:
+    lines = [f"live vs simulate (same seed {cmp['sim_config']['seed']}, "
+             f"{cmp['sim_config']['qps']:g} req/s; overhead profile: "
+             f"{cmp['sim_config']['overhead_profile'] or 'none'})",
+             f"{'metric':<20}{'live':>14}{'sim':>14}{'diff':>10}"]
+    for key, label in COMPARED:
+        m = cmp["metrics"][key]
+        cells = [f"{v:>14.4g}" if isinstance(v, float | int) else f"{'-':>14}"
+                 for v in (m["live"], m["sim"])]
+        diff = f"{m['diff'] * 100:>+9.1f}%" if m["diff"] is not None else f"{'-':>10}"
+        lines.append(f"{label:<20}{''.join(cells)}{diff}")
+    return "\n".join(lines)
+
+
+def overhead_profile(sts: list[Any], backend: str, source: dict[str, Any]) -> OverheadProfile:
+    """The run's un-hidden gaps, pooled over the stack's schedulers, as a profile."""
+    samples = [x for st in sts for x in st.unhidden_samples_s]
+    if not samples:
+        raise ValueError("overhead_out (--overhead-out): the schedulers measured no gap "
+                         "between back-to-back batches (no busy period in the run)")
+    return OverheadProfile(tuple(samples), backend=backend, policy=sts[0].policy,
+                           overlap=all(st.overlap for st in sts), source=source)

@@ -1,0 +1,129 @@
+"""The live stack's remaining service overhead, as part of the simulator's ground truth.
+
+Issue 14, build item 4: ``simulate`` should predict ``up`` + ``bench``. The
+simulated GPU's batch time comes from a ``TimingSource`` (the ground truth
+of the *kernels*); what a live stack adds on top is time the executor sits
+idle between two consecutive batches: the decision, the plan's and the
+result's stream hops, applying the result. With overlap scheduling (vLLM's
+async scheduling, SGLang's overlap scheduler; ``services/scheduler/overlap.py``)
+most of it is hidden behind the running batch and only the *un-hidden* gap
+remains. The executor measures that gap itself for every batch
+(``IterationResult.idle_before_s``) and the scheduler keeps a window of them
+(``Status.unhidden_samples_s``).
+
+An ``OverheadProfile`` is that empirical distribution, saved per backend (and
+per policy: decision costs differ) as a small JSON file
+(``sloserve bench --overhead-out FILE``, ``infra/bench/overhead.py --out``) and
+loaded by ``simulate --overhead-profile FILE``. The simulator draws one gap per
+back-to-back batch from it with the run's seed (``OverheadSampler``):
+deterministic for a seed, uniform over the measured samples (a bootstrap of
+the empirical distribution, no fitted shape). It is the *simulated executor's*
+timing, never seen by a policy: the perf model the scheduler predicts with
+learns batch times only, as the live perf model does from the executor's
+measured durations, which exclude the gap.
+
+A batch that starts on an idle instance (a request woke it) gets no gap: the
+live executor's idle time before it is not overhead, and the scheduler leaves
+it out of the window too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "sloserve-overhead-profile"
+VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class OverheadProfile:
+    """Measured un-hidden gaps between consecutive batches, seconds."""
+
+    samples_s: tuple[float, ...]
+    backend: str = "sim"
+    policy: str = ""
+    overlap: bool = True
+    # free-form provenance: where and how it was measured (command, load average, …)
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.samples_s:
+            raise ValueError("samples_s: the profile needs at least one measured gap")
+        for k, x in enumerate(self.samples_s):
+            if not (isinstance(x, (int, float)) and math.isfinite(x) and x >= 0):
+                raise ValueError(f"samples_s[{k}]: must be a finite number of seconds >= 0, "
+                                 f"got {x!r}")
+
+    @property
+    def mean_s(self) -> float:
+        return sum(self.samples_s) / len(self.samples_s)
+
+    def percentile(self, q: float) -> float:
+        """Nearest-rank percentile of the samples (``q`` in [0, 100])."""
+        xs = sorted(self.samples_s)
+        k = min(len(xs) - 1, max(0, math.ceil(q / 100 * len(xs)) - 1))
+        return xs[k]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT, "version": VERSION, "backend": self.backend,
+            "policy": self.policy, "overlap": self.overlap, "source": self.source,
+            "count": len(self.samples_s), "mean_s": self.mean_s,
+            "p50_s": self.percentile(50), "p99_s": self.percentile(99),
+            # nanoseconds: below perf_counter's meaning, and the file stays small
+            "samples_s": [round(x, 9) for x in self.samples_s],
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json()) + "\n")
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "overhead profile") -> OverheadProfile:
+        if not isinstance(obj, dict):
+            raise ValueError(f"{where}: must be a JSON object")
+        if obj.get("format") != FORMAT:
+            raise ValueError(f"{where}: format: must be {FORMAT!r}, got {obj.get('format')!r}")
+        if obj.get("version") != VERSION:
+            raise ValueError(f"{where}: version: must be {VERSION}, got {obj.get('version')!r}")
+        samples = obj.get("samples_s")
+        if not isinstance(samples, list):
+            raise ValueError(f"{where}: samples_s: must be a list of seconds")
+        source = obj.get("source", {})
+        if not isinstance(source, dict):
+            raise ValueError(f"{where}: source: must be a JSON object")
+        try:
+            return cls(tuple(samples), backend=str(obj.get("backend", "")),
+                       policy=str(obj.get("policy", "")), overlap=bool(obj.get("overlap", True)),
+                       source=source)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> OverheadProfile:
+        try:
+            obj = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"overhead_profile (--overhead-profile): cannot read {path}: "
+                             f"{exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"overhead_profile (--overhead-profile): {path} is not JSON: "
+                             f"{exc}") from None
+        return cls.from_json(obj, f"overhead_profile (--overhead-profile) {path}")
+
+
+class OverheadSampler:
+    """One gap per back-to-back batch, drawn uniformly from the profile's samples with a
+    generator of its own (seeded from the run's seed), so the ground truth's noise stream
+    and the workload are the same with and without a profile."""
+
+    def __init__(self, profile: OverheadProfile, seed: int) -> None:
+        self._xs = profile.samples_s
+        self._rng = random.Random(f"overhead:{seed}")
+
+    def gap(self) -> float:
+        return self._xs[int(self._rng.random() * len(self._xs))]

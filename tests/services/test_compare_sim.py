@@ -1,0 +1,79 @@
+"""``sloserve bench --compare-sim`` and ``--overhead-out`` against a real sim stack (issue 14).
+
+After the run, bench simulates the same workload on the deployment the stack reports
+(Info + each scheduler's Status) and reports live vs sim per metric; ``--overhead-out``
+saves the schedulers' measured gaps between batches as a profile ``simulate`` loads.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sloserve.services import cli
+from sloserve.services.auth import INTERNAL_TOKEN_ENV, new_token
+from sloserve.services.compare_sim import COMPARED
+from sloserve.services.stack import Stack
+from sloserve.sim.overhead import OverheadProfile
+
+
+def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profile(
+        start_stack: Callable[..., Stack], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    token = new_token()
+    monkeypatch.setenv(INTERNAL_TOKEN_ENV, token)  # the stack's internal plane and bench's
+    stack = start_stack(policy="sarathi", internal_token=token)
+    trace = tmp_path / "tiny.csv"
+    trace.write_text("prompt_len,output_len\n" + "".join(f"{60 + 40 * k},{12 + 3 * k}\n"
+                                                         for k in range(6)))
+    profile = tmp_path / "overhead.json"
+    code = cli.main(["bench", "--target", stack.gateway, "--trace-file", str(trace),
+                     "--qps", "8", "--num-requests", "10", "--seed", "3", "--json",
+                     "--compare-sim", "--overhead-out", str(profile)])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out.splitlines()[-1])
+    cmp = out["compare_sim"]
+    assert set(cmp["metrics"]) == {key for key, _ in COMPARED}
+    for key in ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_tok_s"):
+        m = cmp["metrics"][key]
+        assert m["live"] == out.get(key, m["live"]) and m["live"] > 0 and m["sim"] > 0
+        assert m["diff"] == pytest.approx((m["live"] - m["sim"]) / m["sim"])
+    # the simulated deployment is the one the stack reported about itself
+    cfg = cmp["sim_config"]
+    assert (cfg["policy"], cfg["instances"], cfg["hp_instances"], cfg["seed"], cfg["qps"]) == (
+        "sarathi", 1, 0, 3, 8.0)
+    assert cfg["overlap"] is True and cfg["policy_config"]["token_budget"] == 512
+    assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
+    assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0
+    # the same run on the instances' clock (iteration ends): tokens leave before the gateway
+    side = cmp["instance_side_metrics"]
+    assert set(side) == set(cmp["metrics"])
+    assert 0 < side["ttft_p50"]["live"] <= cmp["metrics"]["ttft_p50"]["live"]
+
+    saved = OverheadProfile.load(profile)
+    assert saved.backend == "sim" and saved.policy == "sarathi" and saved.overlap
+    assert len(saved.samples_s) > 0 and all(x >= 0 for x in saved.samples_s)
+    # ... which simulate (and compare-sim) take as part of the ground truth
+    code = cli.main(["simulate", "--policy", "sarathi", "--trace-file", str(trace),
+                     "--qps", "8", "--num-requests", "10", "--seed", "3", "--json",
+                     "--overhead-profile", str(profile)])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["overhead_profile"] == str(profile)
+
+
+def test_compare_sim_flags_are_checked_before_anything_is_sent(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "sloserve-overhead-profile", "version": 1, "samples_s": [-1]}')
+    code = cli.main(["bench", "--target", "127.0.0.1:1", "--trace", "sharegpt", "--qps", "1",
+                     "--num-requests", "1", "--compare-sim", "--overhead-profile", str(bad)])
+    assert code == 2
+    assert "samples_s[0]" in capsys.readouterr().err
+    code = cli.main(["bench", "--endpoint", "openai", "--target", "http://127.0.0.1:1",
+                     "--trace", "sharegpt", "--qps", "1", "--num-requests", "1",
+                     "--compare-sim"])
+    assert code == 2
+    assert "--endpoint grpc only" in capsys.readouterr().err
