@@ -134,6 +134,7 @@ class Simulation:
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
+        self.record_samples = cfg.record_samples
         self.sample_times: list[float] = []  # virtual start time of each recorded sample
         self.num_iterations = 0
         self.num_offloads = 0
@@ -216,8 +217,8 @@ class Simulation:
             self.num_offloads += len(offloaded)
             for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
                 self._carry_out(action, now)
-        if plan.is_empty:
-            self._report_state(inst, now)
+        if not plan.items:
+            self._report_state(k, now)
             return
         shape = plan.shape()
         end = now + self.timing.batch_time(shape)
@@ -233,25 +234,27 @@ class Simulation:
         assert flight is not None
         plan, shape = flight
         self.in_flight[k] = None
-        sample = BatchSample(shape, now - self.batch_start[k])
-        self.policy_perf.observe(sample)
-        if self.cfg.record_samples:
-            self.samples.append(sample)
+        duration = now - self.batch_start[k]
+        self.policy_perf.observe_batch(shape, duration)
+        if self.record_samples:
+            self.samples.append(BatchSample(shape, duration))
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
-        self.kv_util_sum += inst.kv.utilization
-        tokens = inst.complete(plan, now)
-        self.controller.on_tokens(tokens)
-        if self.stream is not None:
-            for t in tokens:
-                if t.finished:
-                    self._retire(t.request_id)
-        self._report_state(inst, now)
+        kv = inst.kv
+        self.kv_util_sum += (kv.num_blocks - kv.num_free_blocks) / kv.num_blocks  # utilization
+        tokens = inst.complete(plan, now, every_token=False)  # first and last tokens only
+        if tokens:
+            self.controller.on_tokens(tokens)
+            if self.stream is not None:
+                for t in tokens:
+                    if t.finished:
+                        self._retire(t.request_id)
+        self._report_state(k, now)
         self._kick(k, now)
 
-    def _report_state(self, inst: Instance, now: float) -> None:
-        offers = (not self._ticket_hook[self.index[inst.instance_id]]
-                  or inst.policy.offers_ticket(inst.view(now)))
+    def _report_state(self, k: int, now: float) -> None:
+        inst = self.instances[k]
+        offers = not self._ticket_hook[k] or inst.policy.offers_ticket(inst.view(now))
         self.controller.on_instance_state(
             inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
 
