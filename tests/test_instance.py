@@ -51,3 +51,29 @@ def test_cancel_frees_blocks_and_removes_everywhere() -> None:
     inst.cancel("a", 0.02)
     assert r.status is RequestStatus.CANCELLED
     assert inst.kv.num_used_blocks == 0 and not inst.has_work
+
+
+def test_complete_without_every_token_reports_only_first_and_last_tokens_with_the_same_state(
+) -> None:
+    """The simulator's ``every_token=False``: the controller still sees every first and
+    last token, and requests advance exactly as with every event built."""
+    insts = [make_instance("vllm", num_blocks=8, block_size=4) for _ in range(2)]
+    reqs = [[req(f"r{i}", 6 + 2 * i, output=2 + 4 * i, arrival=0.01 * i) for i in range(4)]
+            for _ in insts]
+    for inst, rs in zip(insts, reqs):
+        for r in rs:
+            inst.add_request(r, r.arrival_time)
+    full, edges = [], []
+    now = 0.0
+    while insts[0].has_work:
+        now += 0.01
+        (p0, _, _), (p1, _, _) = insts[0].schedule(now), insts[1].schedule(now)
+        assert p0 == p1
+        full += insts[0].complete(p0, now + 0.01)
+        edges += insts[1].complete(p1, now + 0.01, every_token=False)
+    assert insts[0].num_preemptions > 0  # the recompute path is covered too
+    assert edges == [e for e in full if e.index == 0 or e.finished]
+    assert sum(e.finished for e in edges) == 4 and sum(e.index == 0 for e in edges) == 4
+    for a, b in zip(*reqs):
+        assert (a.token_times, a.num_generated, a.status) == (b.token_times, b.num_generated,
+                                                              b.status)

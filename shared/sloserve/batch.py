@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import NamedTuple
 
 
@@ -88,7 +89,11 @@ class BatchPlan:
 
     def shape(self) -> BatchShape:
         items = self.items
+        if not any(map(_is_prefill, items)):  # the common all-decode iteration: C-level
+            return BatchShape((), tuple(map(_context_len, items)))
         decodes = tuple([ctx for _, _, ctx, pre in items if not pre])
-        if len(decodes) == len(items):  # the common all-decode iteration
-            return BatchShape((), decodes)
         return BatchShape(tuple([(n, ctx) for _, n, ctx, pre in items if pre]), decodes)
+
+
+_is_prefill = itemgetter(3)  # ScheduledItem.is_prefill
+_context_len = itemgetter(2)  # ScheduledItem.context_len

@@ -56,7 +56,7 @@ class Instance:
     @property
     def num_waiting_prefills(self) -> int:
         """Requests whose first token is still to come (queued or mid-prefill)."""
-        return len(self.waiting) + sum(1 for r in self.running if not r.token_times)
+        return len(self.waiting) + len([1 for r in self.running if not r.token_times])
 
     def view(self, now: float) -> InstanceView:
         return InstanceView(
@@ -169,15 +169,16 @@ class Instance:
             if ctx != c or n > req.prompt_len + req.num_generated - c:
                 raise ValueError(f"plan: item {item} inconsistent with request state")
             # a request holds ceil(c / bs) blocks: it needs more only past a block boundary
-            if c % bs == 0 or c % bs + n > bs:
+            m = c % bs
+            if not m or m + n > bs:
                 kv.allocate(rid, c + n)
-            if pkv is not None and (c + n) // bs > c // bs:  # a block became full
+            if pkv is not None and m + n >= bs:  # a block became full
                 pkv.cache_full_blocks(req, c + n)
-            if req.status is waiting:
+            if req.status is waiting:  # only here does a request start running
                 admitted.append(req)
                 req.status = running
-            if req.first_scheduled_time is None:
-                req.first_scheduled_time = now
+                if req.first_scheduled_time is None:
+                    req.first_scheduled_time = now
         if admitted:
             self._unqueue(admitted)
             self.running.extend(admitted)
@@ -227,16 +228,19 @@ class Instance:
 
     def complete(
         self, plan: BatchPlan, end_time: float, stopped: Iterable[str] = (),
-        sampled: Mapping[str, int] | None = None,
+        sampled: Mapping[str, int] | None = None, *, every_token: bool = True,
     ) -> list[TokenEvent]:
         """Apply an executed plan: advance progress, emit tokens, finish requests.
 
         ``stopped`` names requests the executor ended early (EOS, stop string);
         ``sampled`` the token id each sampling request got (live executors),
-        kept in ``Request.output_token_ids``.
+        kept in ``Request.output_token_ids``. ``every_token=False`` (the simulator,
+        which streams nothing) returns only the events the controller acts on: first
+        tokens and finishing ones; every token is still recorded in ``token_times``.
         """
         stop = set(stopped)
         events: list[TokenEvent] = []
+        finished = RequestStatus.FINISHED
         requests = self.requests
         if sampled is not None:  # live: keep the ids (before finished requests detach)
             for rid, tok in sampled.items():
@@ -256,12 +260,14 @@ class Instance:
                 continue
             req.num_generated = g = g + 1
             req.token_times.append(end_time)
-            done = g >= req.output_len or rid in stop
-            emit(TokenEvent(rid, g - 1, end_time, done))
-            if done:
-                self._detach(req)
-                req.status = RequestStatus.FINISHED
-                req.finish_time = end_time
+            if g < req.output_len and rid not in stop:
+                if every_token or g == 1:
+                    emit(TokenEvent(rid, g - 1, end_time, False))
+                continue
+            emit(TokenEvent(rid, g - 1, end_time, True))
+            self._detach(req)
+            req.status = finished
+            req.finish_time = end_time
         if sampled is not None:
             for ev in events:
                 ev.token_id = sampled[ev.request_id]

@@ -45,7 +45,10 @@ def test_predictions_and_final_state_match_eager_observation(
     for k in range(400):
         s = _sample(rng)
         eager.observe(s)
-        lazy.observe(s)
+        if k % 2:  # the simulator's form: the sample built only when it is applied
+            lazy.observe_batch(s.shape, s.duration)
+        else:
+            lazy.observe(s)
         if k in asks:
             assert lazy.predict(PROBE) == eager.predict(PROBE)
     lazy.flush()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import pytest
 
 from sloserve.sim.config import SimConfig
-from sloserve.sim.simulator import Simulation, simulate
+from sloserve.sim.simulator import GC_YOUNG, Simulation, quiet_gc, simulate
 
 SMALL = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=60,
                   ttft_slo=1.0, tbt_slo=0.15, seed=3)
@@ -59,3 +60,11 @@ def test_bad_config_names_the_field() -> None:
         simulate(dataclasses.replace(SMALL, qps=0))
     with pytest.raises(ValueError, match="model"):
         simulate(dataclasses.replace(SMALL, model="gpt-5"))
+
+
+def test_a_run_tunes_the_cyclic_gc_only_while_it_runs() -> None:
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
+    with quiet_gc():
+        assert gc.get_threshold()[0] == max(before[0], GC_YOUNG)
+        assert gc.get_freeze_count() > frozen  # the set-up objects are out of full collections
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import partial
 from itertools import repeat
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sloserve.batch import BatchPlan, ScheduledItem
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from sloserve.perf.base import PerfModel
 
 
-_num_computed = attrgetter("num_computed")
-_request_id = attrgetter("request_id")
 _new_item = partial(tuple.__new__, ScheduledItem)  # what ScheduledItem._make does, in C
 
 C = TypeVar("C", bound="PolicyConfig")
@@ -236,20 +233,22 @@ class BatchBuilder:
         A running request holds exactly ``ceil(num_computed / block_size)`` blocks,
         so its next token needs a new block iff ``num_computed % block_size == 0``.
         """
-        bs = self.view.kv.block_size
-        computed = list(map(_num_computed, decodes))
-        need = [c % bs for c in computed].count(0)
+        n = len(decodes)
         if (
             self._in_batch
             or self._removed
-            or len(decodes) > self.token_budget - self.tokens_used
-            or len(decodes) > self.max_num_seqs
-            or need > self.free_blocks
+            or n > self.token_budget - self.tokens_used
+            or n > self.max_num_seqs
         ):
             return False
+        bs = self.view.kv.block_size
+        computed = [r.num_computed for r in decodes]
+        need = [c % bs for c in computed].count(0)
+        if need > self.free_blocks:
+            return False
         self.free_blocks -= need
-        self.tokens_used += len(decodes)
-        ids = list(map(_request_id, decodes))
+        self.tokens_used += n
+        ids = [r.request_id for r in decodes]
         self._in_batch.update(ids)
         # C-level construction of ScheduledItem(rid, 1, computed, False) per decode
         self._plan.items.extend(map(_new_item, zip(ids, repeat(1), computed, repeat(False))))

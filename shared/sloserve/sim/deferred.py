@@ -17,7 +17,6 @@ identical to observing every sample (pinned by tests/sim/test_golden.py).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Any
 
 from sloserve.batch import BatchSample, BatchShape
@@ -31,7 +30,7 @@ class DeferredObservations:
 
     def __init__(self, model: AscendraRegression) -> None:
         self.model = model
-        self._pending: deque[BatchSample] = deque()
+        self._pending: list[tuple[BatchShape, float]] = []
         self._eager = model.refit_every > EAGER_ABOVE
         self._keep = model.window + 2 * model.refit_every
 
@@ -42,15 +41,27 @@ class DeferredObservations:
         if sample.shape.is_empty or not sample.duration > 0.0:
             return  # the model ignores these too: they must not count toward a period
         pending = self._pending
-        pending.append(sample)
+        pending.append((sample.shape, sample.duration))
         if len(pending) > self._keep:
-            for _ in range(self.model.refit_every):
-                pending.popleft()
+            del pending[:self.model.refit_every]
+
+    def observe_batch(self, shape: BatchShape, duration: float) -> None:
+        """``observe(BatchSample(shape, duration))``, the sample built only when applied."""
+        if self._eager:
+            self.model.observe(BatchSample(shape, duration))
+            return
+        if not shape.decodes and not shape.prefills or not duration > 0.0:
+            return
+        pending = self._pending
+        pending.append((shape, duration))
+        if len(pending) > self._keep:
+            del pending[:self.model.refit_every]
 
     def flush(self) -> None:
         pending, observe = self._pending, self.model.observe
-        while pending:
-            observe(pending.popleft())
+        self._pending = []
+        for shape, duration in pending:
+            observe(BatchSample(shape, duration))
 
     def predict(self, shape: BatchShape) -> float:
         if self._pending:

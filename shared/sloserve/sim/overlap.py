@@ -69,7 +69,8 @@ class OverlapSimulation(Simulation):
         plan, shape = decided
         start = after + self._gap(back_to_back)
         end = start + self.timing.batch_time(shape)
-        self.queued[k] = (plan, shape, start, end, self.instances[k].complete(plan, end))
+        self.queued[k] = (plan, shape, start, end,
+                          self.instances[k].complete(plan, end, every_token=False))
         return True
 
     def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:

@@ -11,8 +11,11 @@ executed batch, as the live perf-model service does.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from sloserve.admission import for_deployment, refusal
@@ -41,6 +44,7 @@ from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
 REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
+GC_YOUNG = 50_000  # allocations between young GC collections during a run (see quiet_gc)
 FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
 
@@ -85,6 +89,23 @@ def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> W
         batch_time=timing.batch_time if cfg.slo_mix else None,
         max_context=model.max_context,
     )
+
+
+@contextmanager
+def quiet_gc(young: int = GC_YOUNG) -> Iterator[None]:
+    """Cyclic GC tuned for a run (no result depends on it): everything built so far (the
+    whole up-front workload) is frozen out of full collections, and young collections
+    come every ``young`` allocations instead of CPython's 700, so the plans, items and
+    events of in-flight batches are not walked and promoted over and over. Restored
+    on exit."""
+    threshold = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(max(threshold[0], young), *threshold[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
 
 
 class Simulation:
@@ -139,6 +160,7 @@ class Simulation:
         self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
+        self.record_samples = cfg.record_samples
         self.sample_times: list[float] = []  # virtual start time of each recorded sample
         self.num_iterations = 0
         self.num_offloads = 0
@@ -160,6 +182,10 @@ class Simulation:
 
     # --- driving ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        with quiet_gc():
+            return self._run()
+
+    def _run(self) -> dict[str, Any]:
         wall0 = time.perf_counter()
         reqs: list[Request | None] = list(self.workload.requests)  # each dropped on arrival
         times = [r.arrival_time for r in self.workload.requests]
@@ -234,7 +260,7 @@ class Simulation:
             for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
                 self._carry_out(action, now)
         if plan.is_empty:
-            self._report_state(inst, now)
+            self._report_state(k, now)
             return None
         return plan, plan.shape()
 
@@ -256,30 +282,33 @@ class Simulation:
         assert flight is not None
         plan, shape = flight
         self.in_flight[k] = None
-        sample = BatchSample(shape, now - self.batch_start[k])
-        self.policy_perf.observe(sample)
-        if self.cfg.record_samples:
-            self.samples.append(sample)
+        duration = now - self.batch_start[k]
+        self.policy_perf.observe_batch(shape, duration)
+        if self.record_samples:
+            self.samples.append(BatchSample(shape, duration))
             self.sample_times.append(self.batch_start[k])
         self.num_iterations += 1
-        self.kv_util_sum += inst.kv.utilization
+        kv = inst.kv
+        self.kv_util_sum += (kv.num_blocks - kv.num_free_blocks) / kv.num_blocks  # utilization
         tokens = self._apply(k, plan, now)
-        self.controller.on_tokens(tokens)
-        if self.stream is not None:
-            for t in tokens:
-                if t.finished:
-                    self._retire(t.request_id)
-        self._report_state(inst, now)
+        if tokens:
+            self.controller.on_tokens(tokens)
+            if self.stream is not None:
+                for t in tokens:
+                    if t.finished:
+                        self._retire(t.request_id)
+        self._report_state(k, now)
         self._kick(k, now, back_to_back=True)
 
     def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:
-        """The ended batch's tokens: its plan is applied now (``sim.overlap`` applied it
-        when it was decided)."""
-        return self.instances[k].complete(plan, now)
+        """The ended batch's tokens, first and last of each request only (the simulator
+        needs no other event; every token's time is still recorded): its plan is applied
+        now (``sim.overlap`` applied it when it was decided)."""
+        return self.instances[k].complete(plan, now, every_token=False)
 
-    def _report_state(self, inst: Instance, now: float) -> None:
-        offers = (not self._ticket_hook[self.index[inst.instance_id]]
-                  or inst.policy.offers_ticket(inst.view(now)))
+    def _report_state(self, k: int, now: float) -> None:
+        inst = self.instances[k]
+        offers = not self._ticket_hook[k] or inst.policy.offers_ticket(inst.view(now))
         self.controller.on_instance_state(
             inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
 
