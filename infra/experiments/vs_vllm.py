@@ -20,10 +20,12 @@ stack with ``sloserve bench`` (gRPC); both summarise with
 ``sloserve.metrics.summarize``. SLOs and B are the A100 defaults (TTFT 1 s,
 TBT 0.15 s, budget 512) scaled as in docs/torch-executor.md: B by the length
 factor 8, the SLOs by the ratio r of one typical mixed iteration, scaled
-(a 64-token chunk over 128 tokens of context plus 16 decodes at context 320),
-timed on this CPU through vLLM's engine (our ``vllm`` backend's
-``profile_batch``, one torch thread as the stack runs it, median of 7), to
-the same iteration unscaled for llama-3-8b on an A100 (``ProfileTiming``).
+(a 64-token chunk over 128 tokens of context plus 16 decodes at context ~320),
+as stock vLLM runs it on this CPU (its own compiled engine and scheduler,
+in-process, one torch thread as ``vllm serve`` here, median of 7:
+:func:`time_stock`), to the same iteration unscaled for llama-3-8b on an A100
+(``ProfileTiming``). The same shape through our ``vllm`` backend is recorded
+beside it (:func:`time_ours`).
 
     python infra/experiments/vs_vllm.py [--rates 0.5 1 1.5 2] [--num-requests 100]
         [--arms ...] [--slo-from JSON] [--plot-only]
@@ -42,7 +44,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -81,24 +83,129 @@ def mixed_shapes() -> tuple[BatchShape, BatchShape]:
     return scaled, full
 
 
-def calibrate(dtype: str, repeats: int = 7) -> dict[str, Any]:
-    """Time the scaled mixed iteration on vLLM's engine here; SLOs and budget from it."""
+def time_ours(dtype: str, repeats: int = 7, enforce_eager: bool = False) -> dict[str, Any]:
+    """The scaled mixed iteration through our ``vllm`` backend (``profile_batch``: the
+    engine step alone, no scheduler), for comparison with stock's."""
     import numpy as np
 
-    from sloserve.perf.ground_truth import ProfileTiming
     from sloserve.services.executor.vllm_backend import VllmBackend
     from sloserve.services.executor.vllm_profile import profile_batch
 
-    scaled, full = mixed_shapes()
-    engine = VllmBackend(MODEL, gpu="cpu", dtype=dtype).engine
-    profile_batch(engine, scaled)  # warm-up
-    times = [profile_batch(engine, scaled, seed=k) for k in range(repeats)]
-    t_cpu = float(np.median(times))
+    scaled, _ = mixed_shapes()
+    backend = VllmBackend(MODEL, gpu="cpu", dtype=dtype, enforce_eager=enforce_eager)
+    profile_batch(backend.engine, scaled)  # warm-up
+    times = [profile_batch(backend.engine, scaled, seed=k) for k in range(repeats)]
+    return {"iteration_s": float(np.median(times)), "runs_s": times,
+            "compilation": backend.engine.runner.compilation}
+
+
+def time_stock(dtype: str, repeats: int = 7) -> dict[str, Any]:
+    """The scaled mixed iteration as stock vLLM runs it: its own engine (compiled, its
+    defaults), its own scheduler, in-process, one torch thread (as ``vllm serve`` here).
+
+    16 requests of a ``D``-token prompt are prefilled and decoding; then, ``repeats``
+    times, a request of ``C + P`` tokens arrives. With ``max_num_batched_tokens`` =
+    16 + ``C`` vLLM's chunked-prefill scheduler runs the 16 decodes plus ``C``-token
+    chunks of it; the step whose chunk starts at context ``P`` is the shape (a C-token
+    chunk over P plus 16 decodes) and is timed around ``LLMEngine.step`` (scheduler,
+    model, sampler and output processing: stock's iteration). The scheduler's own
+    output is checked to be that shape."""
+    import numpy as np
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from sloserve.services.executor.vllm_adapter import CPU_KV_BYTES, set_cpu_threads
+    from sloserve.services.model_store import resolve
+    from sloserve.services.vllm_env import hide_broken
+
+    set_cpu_threads(THREADS)
+    hide_broken()
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    scaled, _ = mixed_shapes()
+    ((chunk, ctx),) = scaled.prefills
+    n_dec, d_ctx = len(scaled.decodes), scaled.decodes[0]
+    llm = LLM(model=str(resolve(MODEL)), dtype=dtype, seed=0,
+              kv_cache_memory_bytes=CPU_KV_BYTES, enable_chunked_prefill=True,
+              max_num_batched_tokens=chunk + n_dec, max_num_seqs=n_dec + 1,
+              enable_prefix_caching=False)
+    engine = llm.llm_engine
+    sched = cast(Any, engine.engine_core).engine_core.scheduler
+    schedule = sched.schedule
+    seen: list[dict[str, Any]] = []
+
+    def recording_schedule() -> Any:
+        before = {rid: int(r.num_computed_tokens) for rid, r in sched.requests.items()}
+        out = schedule()
+        seen.append({"before": before, "tokens": dict(out.num_scheduled_tokens)})
+        return out
+
+    sched.schedule = recording_schedule
+    rng = np.random.default_rng(0)
+
+    def prompt(n: int) -> Any:
+        return TokensPrompt(prompt_token_ids=[int(x) for x in rng.integers(1000, 40000, n)])
+
+    long = SamplingParams(temperature=0.0, max_tokens=4000, ignore_eos=True, detokenize=False)
+    for k in range(n_dec):
+        engine.add_request(f"d{k}", prompt(d_ctx), long)
+    decoding: set[str] = set()
+    while len(decoding) < n_dec:
+        for o in engine.step():
+            if o.outputs and o.outputs[0].token_ids:
+                decoding.add(o.request_id)
+    one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
+    times: list[float] = []
+    contexts: list[float] = []
+    for k in range(repeats + 1):  # the first is a warm-up
+        rid = f"x{k}"
+        engine.add_request(rid, prompt(ctx + chunk), one)
+        done = False
+        while not done:
+            t0 = time.perf_counter()
+            outs = engine.step()
+            dt = time.perf_counter() - t0
+            rec = seen[-1]
+            if rec["before"].get(rid) == ctx and rec["tokens"].get(rid) == chunk:
+                dec = {r: n for r, n in rec["tokens"].items() if r != rid}
+                if len(dec) != n_dec or set(dec.values()) != {1}:
+                    raise RuntimeError(f"stock calibration: step was {rec['tokens']}")
+                if k:
+                    times.append(dt)
+                    contexts.append(float(np.mean([rec["before"][r] for r in dec])))
+            done = any(o.request_id == rid and o.finished for o in outs)
+    engine.abort_request([f"d{k}" for k in range(n_dec)])
+    return {"iteration_s": float(np.median(times)), "runs_s": times,
+            "decode_context_mean": float(np.mean(contexts)),
+            "max_num_batched_tokens": chunk + n_dec}
+
+
+def slos(t_cpu: float, dtype: str, source: str) -> dict[str, Any]:
+    """SLOs and budget from one iteration time here against the A100's."""
+    from sloserve.perf.ground_truth import ProfileTiming
+
+    _, full = mixed_shapes()
     t_gpu = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0).noiseless_time(full)
     r = t_cpu / t_gpu
-    return {"iteration_cpu_s": t_cpu, "iteration_cpu_runs_s": times, "iteration_a100_s": t_gpu,
+    return {"iteration_cpu_s": t_cpu, "iteration_source": source, "iteration_a100_s": t_gpu,
             "ratio": r, "ttft_slo": round(A100_TTFT * r, 4), "tbt_slo": round(A100_TBT * r, 4),
             "token_budget": A100_BUDGET // SCALE, "dtype": dtype}
+
+
+def calibrate(dtype: str) -> dict[str, Any]:
+    """SLOs scaled from stock vLLM's iteration (each side timed in its own child)."""
+    def child(side: str) -> dict[str, Any]:
+        out = subprocess.run([sys.executable, __file__, "--calibrate-side", side, "--dtype",
+                              dtype], capture_output=True, text=True,
+                             env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
+        if out.returncode:
+            raise RuntimeError(f"calibration ({side}) failed: {out.stderr[-2000:]}")
+        return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+    stock = child("stock")
+    ours = child("sloserve")
+    return {**slos(stock["iteration_s"], dtype, "stock vLLM (LLMEngine.step, compiled)"),
+            "stock_iteration": stock, "sloserve_iteration": ours}
 
 
 # --- servers ----------------------------------------------------------------------
@@ -345,6 +452,8 @@ def main() -> None:
     ap.add_argument("--slo-from", default=None,
                     help="JSON with ttft_slo, tbt_slo, token_budget, dtype (skip calibration)")
     ap.add_argument("--calibrate", action="store_true", help="print the scaled SLOs and exit")
+    ap.add_argument("--calibrate-side", choices=("stock", "sloserve"), default=None,
+                    help=argparse.SUPPRESS)  # child: time the mixed iteration on one side
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--merge", action="store_true",
                     help="keep arms of --out that this run does not repeat")
@@ -374,6 +483,11 @@ def main() -> None:
 
         plot(json.loads(args.out.read_text()), png)
         return
+    if args.calibrate_side:
+        timed = (time_stock(args.dtype) if args.calibrate_side == "stock"
+                 else time_ours(args.dtype))
+        print(json.dumps(timed))
+        return
     if args.calibrate:
         print(json.dumps(calibrate(args.dtype)))
         return
@@ -383,13 +497,8 @@ def main() -> None:
     t_start = time.time()
     if args.slo_from:
         slo = json.loads(args.slo_from)
-    else:  # in a child: vLLM's in-process engine leaves threads and memory behind
-        out = subprocess.run([sys.executable, __file__, "--calibrate", "--dtype", args.dtype],
-                             capture_output=True, text=True,
-                             env={**os.environ, "OMP_NUM_THREADS": str(THREADS)})
-        if out.returncode:
-            raise RuntimeError(f"calibration failed: {out.stderr[-2000:]}")
-        slo = json.loads(out.stdout.strip().splitlines()[-1])
+    else:  # in children: vLLM's in-process engine leaves threads and memory behind
+        slo = calibrate(args.dtype)
     print(f"SLOs {slo}", flush=True)
     keep = args.merge or args.extend
     prev = json.loads(args.out.read_text()) if keep and args.out.exists() else {}

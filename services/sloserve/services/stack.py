@@ -58,6 +58,7 @@ class StackConfig:
     time_scale: float = 1.0
     num_blocks: int | None = None
     dtype: str | None = None  # torch/vllm executors; None: the backend's default
+    enforce_eager: bool = False  # vllm executors: eager model (default compiled, as vllm serve)
     refit_interval: float = 1.0
     log_dir: Path | None = None  # None: children inherit stderr
     # protocol tests (docs/architecture.md): the simulator's clock and timing, decision logs
@@ -187,6 +188,8 @@ class Stack:
             ex += ["--clock", c.clock]
             if c.dtype:
                 ex += ["--dtype", c.dtype]
+            if c.enforce_eager:
+                ex += ["--enforce-eager"]
             self._add(f"executor-{iid}", self._module("executor", pe, *ex), f"{h}:{pe}", "executor")
             self._add(f"scheduler-{iid}", self._module(
                 "scheduler", ps, "--instance-id", iid, "--role", role, "--policy", c.policy,
