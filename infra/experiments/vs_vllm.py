@@ -128,15 +128,16 @@ def time_stock(dtype: str, repeats: int = 7) -> dict[str, Any]:
     llm = LLM(model=str(resolve(MODEL)), dtype=dtype, seed=0,
               kv_cache_memory_bytes=CPU_KV_BYTES, enable_chunked_prefill=True,
               max_num_batched_tokens=chunk + n_dec, max_num_seqs=n_dec + 1,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False,
+              enforce_eager=bool(os.environ.get("VS_VLLM_DEBUG_EAGER")))
     engine = llm.llm_engine
     sched = cast(Any, engine.engine_core).engine_core.scheduler
     schedule = sched.schedule
     seen: list[dict[str, Any]] = []
 
-    def recording_schedule() -> Any:
+    def recording_schedule(*a: Any, **kw: Any) -> Any:
         before = {rid: int(r.num_computed_tokens) for rid, r in sched.requests.items()}
-        out = schedule()
+        out = schedule(*a, **kw)
         seen.append({"before": before, "tokens": dict(out.num_scheduled_tokens)})
         return out
 
@@ -166,8 +167,15 @@ def time_stock(dtype: str, repeats: int = 7) -> dict[str, Any]:
             outs = engine.step()
             dt = time.perf_counter() - t0
             rec = seen[-1]
-            if rec["before"].get(rid) == ctx and rec["tokens"].get(rid) == chunk:
-                dec = {r: n for r, n in rec["tokens"].items() if r != rid}
+            # the engine core's id is ours plus a suffix LLMEngine adds
+            core_id = next((r for r in rec["tokens"] if r == rid or r.startswith(rid + "-")),
+                           None)
+            if os.environ.get("VS_VLLM_DEBUG"):
+                print(rid, core_id, rec["before"].get(core_id), rec["tokens"].get(core_id),
+                      sorted(rec["tokens"].values())[:3], len(rec["tokens"]), file=sys.stderr)
+            if (core_id is not None and rec["before"].get(core_id) == ctx
+                    and rec["tokens"][core_id] == chunk):
+                dec = {r: n for r, n in rec["tokens"].items() if r != core_id}
                 if len(dec) != n_dec or set(dec.values()) != {1}:
                     raise RuntimeError(f"stock calibration: step was {rec['tokens']}")
                 if k:
@@ -175,6 +183,9 @@ def time_stock(dtype: str, repeats: int = 7) -> dict[str, Any]:
                     contexts.append(float(np.mean([rec["before"][r] for r in dec])))
             done = any(o.request_id == rid and o.finished for o in outs)
     engine.abort_request([f"d{k}" for k in range(n_dec)])
+    if len(times) != repeats:
+        raise RuntimeError(f"stock calibration: the shape was scheduled {len(times)} times "
+                           f"in {repeats} rounds")
     return {"iteration_s": float(np.median(times)), "runs_s": times,
             "decode_context_mean": float(np.mean(contexts)),
             "max_num_batched_tokens": chunk + n_dec}
