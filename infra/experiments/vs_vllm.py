@@ -215,8 +215,10 @@ def calibrate(dtype: str) -> dict[str, Any]:
 
     stock = child("stock")
     ours = child("sloserve")
+    eager = child("sloserve-eager")
     return {**slos(stock["iteration_s"], dtype, "stock vLLM (LLMEngine.step, compiled)"),
-            "stock_iteration": stock, "sloserve_iteration": ours}
+            "stock_iteration": stock, "sloserve_iteration": ours,
+            "sloserve_eager_iteration": eager}
 
 
 # --- servers ----------------------------------------------------------------------
@@ -463,7 +465,8 @@ def main() -> None:
     ap.add_argument("--slo-from", default=None,
                     help="JSON with ttft_slo, tbt_slo, token_budget, dtype (skip calibration)")
     ap.add_argument("--calibrate", action="store_true", help="print the scaled SLOs and exit")
-    ap.add_argument("--calibrate-side", choices=("stock", "sloserve"), default=None,
+    ap.add_argument("--calibrate-side", choices=("stock", "sloserve", "sloserve-eager"),
+                    default=None,
                     help=argparse.SUPPRESS)  # child: time the mixed iteration on one side
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--merge", action="store_true",
@@ -496,7 +499,7 @@ def main() -> None:
         return
     if args.calibrate_side:
         timed = (time_stock(args.dtype) if args.calibrate_side == "stock"
-                 else time_ours(args.dtype))
+                 else time_ours(args.dtype, enforce_eager=args.calibrate_side.endswith("eager")))
         print(json.dumps(timed))
         return
     if args.calibrate:

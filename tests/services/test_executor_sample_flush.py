@@ -11,9 +11,9 @@ import signal
 
 import redis
 import redis.asyncio as aioredis
+from conftest import ThrowawayRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from conftest import ThrowawayRedis
 
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.services.executor.backends import make_backend

@@ -32,7 +32,9 @@ from sloserve.services.executor.backends import BACKENDS, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
-VLLM_START_S = 300.0
+# a vllm executor imports vLLM, loads the model and compiles it (as stock vllm serve: 100-200 s
+# on a busy 2-core machine, vLLM 0.32's compile cache does not load here) before it answers
+VLLM_START_S = 600.0
 LOG_TAIL_LINES = 20
 INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
 
