@@ -179,7 +179,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         else:
             backend = make_backend("vllm", model="smollm2-135m", gpu="cpu", dtype=args.dtype,
                                    enforce_eager=args.enforce_eager)
-            extra["compilation"] = backend.engine.runner.compilation  # type: ignore[attr-defined]
+            extra["compilation"] = backend.engine.runner.compilation
         load_s = time.perf_counter() - t0
         policy = "sarathi" if side.endswith("sarathi") else "vllm"
         greedy = common_pb2.Sampling(temperature=0.0, ignore_eos=True)

@@ -170,7 +170,7 @@ def time_stock(dtype: str, repeats: int = 7, lock: str | None = None) -> dict[st
     scaled, _ = mixed_shapes()
     ((chunk, ctx),) = scaled.prefills
     n_dec, d_ctx = len(scaled.decodes), scaled.decodes[0]
-    llm = LLM(model=str(resolve(MODEL)), dtype=dtype, seed=0,
+    llm = LLM(model=str(resolve(MODEL)), dtype=cast(Any, dtype), seed=0,
               kv_cache_memory_bytes=CPU_KV_BYTES, enable_chunked_prefill=True,
               max_num_batched_tokens=chunk + n_dec, max_num_seqs=n_dec + 1,
               enable_prefix_caching=False,
@@ -198,7 +198,8 @@ def time_stock(dtype: str, repeats: int = 7, lock: str | None = None) -> dict[st
     decoding: set[str] = set()
     while len(decoding) < n_dec:
         for o in engine.step():
-            if o.outputs and o.outputs[0].token_ids:
+            outs = cast(Any, o).outputs
+            if outs and outs[0].token_ids:
                 decoding.add(o.request_id)
     one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, detokenize=False)
     times: list[float] = []
