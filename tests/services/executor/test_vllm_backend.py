@@ -3,8 +3,8 @@
 One engine for the module, compiled as stock ``vllm serve`` runs it (the backend's
 default; ``enforce_eager`` is the other mode), so the greedy-token checks below hold
 for the compiled model and the variable batch shapes our plans give it. Plans are
-built as the scheduler builds them (``PlanDriver``: our real ``Instance``, policy and ``BlockManager``), or by
-hand where a test needs an exact batch.
+built as the scheduler builds them (``PlanDriver``: our real ``Instance``, policy and
+``BlockManager``), or by hand where a test needs an exact batch.
 """
 
 from __future__ import annotations
