@@ -119,6 +119,10 @@ async def _one(client: Any, req: Request, t0: float, bar: Any) -> None:
     from sloserve.client import RequestDropped, SloserveError
 
     await asyncio.sleep(max(0.0, t0 + req.arrival_time - time.monotonic()))
+    # wall clock from here on: the gateway's arrival replaces it with the first chunk; a
+    # request dropped (or failed) before any chunk keeps it, so the run's duration is not
+    # measured from the trace offset of its arrival (as the OpenAI path does)
+    req.arrival_time = time.time()
     try:
         async for c in client.generate(
             prompt_token_ids=prompt_ids(req), max_tokens=req.output_len, ttft_slo=req.slo.ttft,
