@@ -65,7 +65,7 @@ STOCK = {
     "vllm-serve-sarathi": ["--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}",
                            "--max-num-seqs", "{budget}"],
 }
-POLICIES = ("vllm", "sarathi", "accelgen")
+POLICIES = ("vllm", "sarathi", "accelgen", "slack")  # slack: docs/beyond.md, "Our policy"
 ARMS = (*STOCK, *(f"sloserve-{p}" for p in POLICIES))
 CRITERIA = ("goodput", "tail_p99", "token")
 START_S = 900.0
@@ -324,8 +324,10 @@ def start_sloserve(arm: str, backend: str, slo: dict[str, Any], logs: Path) -> S
     argv = [sys.executable, "-m", "sloserve.services.cli", "up", "--backend", backend,
             "--model", MODEL, "--gpu", "cpu", "--dtype", slo["dtype"], "--policy", policy,
             "--port", str(port), "--redis-url", REDIS_URL,
-            "--prefix", f"vsvllm:{policy}:{os.getpid()}", "--token-budget",
-            str(slo["token_budget"]), "--ttft-slo", str(slo["ttft_slo"]),
+            "--prefix", f"vsvllm:{policy}:{os.getpid()}",
+            # slack has no fixed budget: it sizes each iteration from the tightest TBT slack
+            *([] if policy == "slack" else ["--token-budget", str(slo["token_budget"])]),
+            "--ttft-slo", str(slo["ttft_slo"]),
             "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm)]
     srv = Server(argv, {"OMP_NUM_THREADS": str(THREADS)}, logs / f"{arm}.log")
     srv.target = f"127.0.0.1:{port}"
