@@ -21,6 +21,15 @@ loading and a small warm-up batch excluded). Sides:
 * ``sloserve-torch``: our ``TorchEngine`` (``--backend torch``, float32),
   ``vllm`` policy.
 
+Every vLLM side runs vLLM's compiled model (stock ``vllm serve``'s default:
+on CPU dynamo traced once with dynamic shapes and inductor), or every one the
+eager model with ``--enforce-eager``. Per-iteration time = wall time / engine
+iterations: counted for our sides (plans executed) and for ``stock-inproc``
+(engine-core steps); ``stock``'s engine core is another process, so its
+iterations are taken as ``--max-tokens`` (the whole batch fits one step's
+token budget, so every sequence gets one token per iteration; the counted
+sides confirm it).
+
 Each side runs in a fresh subprocess with the same environment, one after
 the other, ``--repeats`` rounds in the same order, so a busy spell on a
 shared machine hits every side in turn. Writes ``--out`` (JSON).
@@ -81,7 +90,7 @@ class GrpcBackend:
         self._channel.close()
 
 
-def start_executor() -> tuple[Any, str]:
+def start_executor(dtype: str, enforce_eager: bool) -> tuple[Any, str]:
     """``python -m sloserve.services.executor --backend vllm`` on a free port."""
     from sloserve.services.proto import SERVICE_NAMES
     from sloserve.services.rpc import wait_healthy
@@ -92,7 +101,8 @@ def start_executor() -> tuple[Any, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "sloserve.services.executor", "--host", "127.0.0.1", "--port",
          str(port), "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
-         "--redis-url", redis_url, "--prefix", f"bench-engine:{os.getpid()}"],
+         "--redis-url", redis_url, "--prefix", f"bench-engine:{os.getpid()}", "--dtype", dtype,
+         *(["--enforce-eager"] if enforce_eager else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     address = f"127.0.0.1:{port}"
     wait_healthy(address, SERVICE_NAMES["executor"], 600)
@@ -131,13 +141,28 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         # the KV cache our backend gets by default: vLLM's own default reserves 92 % of
         # the node's memory, which a shared machine does not have
         llm = LLM(model=str(model_dir), dtype=args.dtype, seed=0,
-                  kv_cache_memory_bytes=CPU_KV_BYTES, enforce_eager=not args.compile)
+                  kv_cache_memory_bytes=CPU_KV_BYTES, enforce_eager=args.enforce_eager)
         load_s = time.perf_counter() - t0
+        engine = llm.llm_engine
+        step = engine.step
+        steps = [0]
+
+        def counted_step() -> Any:
+            out = step()
+            steps[0] += 1
+            return out
+
+        engine.step = counted_step  # type: ignore[method-assign]
 
         def gen(ps: list[list[int]], n: int) -> int:
             sp = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True)
+            steps[0] = 0
             outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], sp,
                                 use_tqdm=False)
+            # in-process, one engine.step is one engine-core iteration; with the core in
+            # another process a step only collects outputs
+            extra["iterations"] = steps[0] if side == "stock-inproc" else n
+            extra["iterations_counted"] = side == "stock-inproc"
             return sum(len(o.outputs[0].token_ids) for o in outs)
     else:
         from sloserve.services.executor.backends import make_backend
@@ -148,11 +173,13 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
         if side == "sloserve-torch":
             backend = make_backend("torch", model="smollm2-135m", gpu="cpu")
         elif side == "sloserve-vllm-grpc":
-            proc, address = start_executor()
+            proc, address = start_executor(args.dtype, args.enforce_eager)
             atexit.register(proc.terminate)
             backend = GrpcBackend(address)
         else:
-            backend = make_backend("vllm", model="smollm2-135m", gpu="cpu", dtype=args.dtype)
+            backend = make_backend("vllm", model="smollm2-135m", gpu="cpu", dtype=args.dtype,
+                                   enforce_eager=args.enforce_eager)
+            extra["compilation"] = backend.engine.runner.compilation
         load_s = time.perf_counter() - t0
         policy = "sarathi" if side.endswith("sarathi") else "vllm"
         greedy = common_pb2.Sampling(temperature=0.0, ignore_eos=True)
@@ -163,6 +190,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
                 d.submit(f"r{k}", p, n, greedy)
             res = d.run()
             extra["engine_s"], extra["iterations"] = res.engine_s, res.iterations
+            extra["iterations_counted"] = True
             return sum(len(t) for t in res.tokens.values())
 
     gen(warm, 4)
@@ -170,6 +198,7 @@ def run_side(side: str, args: argparse.Namespace) -> dict[str, Any]:
     tokens = gen(batch, args.max_tokens)
     wall = time.perf_counter() - start
     return {"side": side, "tokens": tokens, "wall_s": wall, "tok_per_s": tokens / wall,
+            "per_iteration_s": wall / extra["iterations"] if extra.get("iterations") else None,
             "load_s": load_s, "loadavg_1m": os.getloadavg()[0], **extra}
 
 
@@ -179,8 +208,11 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--num-prompts", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=64)
-    p.add_argument("--dtype", default="bfloat16", help="vLLM sides (torch runs float32)")
-    p.add_argument("--compile", action="store_true", help="vLLM sides: torch.compile (no eager)")
+    p.add_argument("--dtype", default="float32",
+                   help="vLLM sides (torch runs float32); without bf16 instructions (AVX2 CPUs) "
+                        "bfloat16 is emulated and several times slower")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vLLM sides: the eager model (default: compiled, as stock vllm serve)")
     p.add_argument("--out", default=None)
     p.add_argument("--side", default=None, help=argparse.SUPPRESS)  # child mode
     args = p.parse_args()
@@ -197,31 +229,36 @@ def main() -> int:
         for side in sides:
             cmd = [sys.executable, __file__, "--side", side, "--num-prompts", str(args.num_prompts),
                    "--max-tokens", str(args.max_tokens), "--dtype", args.dtype]
-            if args.compile:
-                cmd.append("--compile")
+            if args.enforce_eager:
+                cmd.append("--enforce-eager")
             res = subprocess.run(cmd, capture_output=True, text=True, check=False)
             line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
             if res.returncode != 0 or not line:
                 print(res.stderr[-3000:], file=sys.stderr)
                 raise SystemExit(f"side {side} failed (exit {res.returncode})")
             out = json.loads(line[-1][len("RESULT "):])
+            per = out["per_iteration_s"]
             print(f"round {r + 1} {side:<22} {out['tok_per_s']:8.1f} tok/s ({out['tokens']} "
-                  f"tokens in {out['wall_s']:.1f} s; load {out['loadavg_1m']:.1f})", flush=True)
+                  f"tokens in {out['wall_s']:.1f} s, "
+                  f"{'-' if per is None else f'{per * 1e3:.1f}'} ms/iteration; "
+                  f"load {out['loadavg_1m']:.1f})", flush=True)
             row.append(out)
         rounds.append(row)
     summary: dict[str, Any] = {"per_round": []}
     for row in rounds:
         by = {o["side"]: o["tok_per_s"] for o in row}
+        per = {f"{o['side']}_ms_per_iteration": round(o["per_iteration_s"] * 1e3, 2)
+               for o in row if o["per_iteration_s"]}
         stock = [v for k, v in by.items() if k.startswith("stock")]
         best = max(stock) if stock else None
         summary["per_round"].append({
-            **by, "best_stock": best,
+            **by, **per, "best_stock": best,
             **({f"{k}_vs_best_stock": v / best for k, v in by.items()
                 if best and k.startswith("sloserve")}),
         })
     doc = {"batch": {"prompts": args.num_prompts, "max_tokens": args.max_tokens,
                      "model": "smollm2-135m", "ignore_eos": True, "greedy": True},
-           "dtype": args.dtype, "compile": args.compile, "threads_env": {
+           "dtype": args.dtype, "enforce_eager": args.enforce_eager, "threads_env": {
                k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND")},
            "cpus": os.cpu_count(), "rounds": rounds, "summary": summary}
     if args.out:

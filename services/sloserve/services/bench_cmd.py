@@ -85,6 +85,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prompt-salt", default="",
+                   help="prefix every request id (and so its prompt token ids) with this: the "
+                        "same workload with other prompts, e.g. one salt per rate, so a server "
+                        "with prefix caching does not find an earlier run's prompts cached")
     p.add_argument("--json", action="store_true")
     p.add_argument("--compare-sim", action="store_true",
                    help="after each rate, simulate the same workload (seed, rate, SLOs) on the "
@@ -115,6 +119,10 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     cfg.validate()
     timing = build_timing(cfg) if args.slo_mix else None
     reqs: list[Request] = build_workload(cfg, get_model(model), timing).requests  # type: ignore[arg-type,unused-ignore]
+    salt = getattr(args, "prompt_salt", "")
+    if salt:
+        for r in reqs:
+            r.request_id = f"{salt}:{r.request_id}"
     return reqs
 
 

@@ -71,6 +71,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     p.add_argument("--dtype", default=None,
                    help="torch: float32 (cpu default) | bfloat16 (cuda default); vllm: bfloat16")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vllm: time the eager model (default: compiled, as the executor runs it)")
     p.add_argument("--max-tokens", type=_int_at_least(8), default=None,
                    help="largest batch in tokens (default 512 on cpu, 4096 on cuda)")
     p.add_argument("--max-context", type=_int_at_least(16), default=None,
@@ -201,7 +203,8 @@ def run(args: argparse.Namespace) -> int:
 
         dtype = args.dtype or "bfloat16"
         engine = VllmProfiled(args.model, args.weights, dtype, args.seed, args.threads,
-                              max_num_batched_tokens=max(max_tokens, 2048))
+                              max_num_batched_tokens=max(max_tokens, 2048),
+                              enforce_eager=args.enforce_eager)
     else:
         from sloserve.model.engine import TorchEngine
 

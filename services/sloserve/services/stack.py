@@ -32,7 +32,9 @@ from sloserve.services.executor.backends import BACKENDS, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
-VLLM_START_S = 300.0
+# a vllm executor imports vLLM, loads the model and compiles it (as stock vllm serve: 100-200 s
+# on a busy 2-core machine, vLLM 0.32's compile cache does not load here) before it answers
+VLLM_START_S = 600.0
 LOG_TAIL_LINES = 20
 INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
 
@@ -58,6 +60,7 @@ class StackConfig:
     time_scale: float = 1.0
     num_blocks: int | None = None
     dtype: str | None = None  # torch/vllm executors; None: the backend's default
+    enforce_eager: bool = False  # vllm executors: eager model (default compiled, as vllm serve)
     refit_interval: float = 1.0
     log_dir: Path | None = None  # None: children inherit stderr
     # protocol tests (docs/architecture.md): the simulator's clock and timing, decision logs
@@ -187,6 +190,8 @@ class Stack:
             ex += ["--clock", c.clock]
             if c.dtype:
                 ex += ["--dtype", c.dtype]
+            if c.enforce_eager:
+                ex += ["--enforce-eager"]
             self._add(f"executor-{iid}", self._module("executor", pe, *ex), f"{h}:{pe}", "executor")
             self._add(f"scheduler-{iid}", self._module(
                 "scheduler", ps, "--instance-id", iid, "--role", role, "--policy", c.policy,

@@ -64,6 +64,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--dtype", default=None,
                    help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vllm executors: run the model eagerly (default: compiled, as stock "
+                        "vllm serve; eager starts faster, its steps are slower)")
     p.add_argument("--log-dir", default=None, help="service logs (default: a temp dir)")
     p.add_argument("--api-key-file", default=None,
                    help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
@@ -86,6 +89,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         policy_config=policy_config,
         ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
         noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
+        enforce_eager=args.enforce_eager,
         api_key_file=args.api_key_file,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
     )

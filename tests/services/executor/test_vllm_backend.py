@@ -1,8 +1,10 @@
 """The ``vllm`` backend on the real engine (vLLM's CPU build, SmolLM2-135M-Instruct, bf16).
 
-One engine for the module. Plans are built as the scheduler builds them
-(``PlanDriver``: our real ``Instance``, policy and ``BlockManager``), or by
-hand where a test needs an exact batch.
+One engine for the module, compiled as stock ``vllm serve`` runs it (the backend's
+default; ``enforce_eager`` is the other mode), so the greedy-token checks below hold
+for the compiled model and the variable batch shapes our plans give it. Plans are
+built as the scheduler builds them (``PlanDriver``: our real ``Instance``, policy and
+``BlockManager``), or by hand where a test needs an exact batch.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def test_describe_reports_vllms_kv_geometry(backend: VllmBackend) -> None:
     assert desc.block_size % 32 == 0  # vLLM's CPU attention
     assert desc.kv_capacity_blocks == backend.engine.runner.num_blocks > 100
     assert "<|im_end|>" in desc.tokenizer_json
+    # vLLM's compiled model, as stock vllm serve (CPU: dynamo traced once + inductor)
+    assert backend.engine.runner.compilation != "eager"
 
 
 def test_greedy_paris(backend: VllmBackend, tok: Tokenizer) -> None:

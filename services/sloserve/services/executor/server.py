@@ -218,6 +218,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
         weights=args.weights, fixed_batch_time=args.fixed_batch_time, dtype=args.dtype,
+        enforce_eager=args.enforce_eager or None,
     )
     redis = connect(args.redis_url)
     horizon = None
@@ -258,6 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=None,
                    help="torch/vllm: weights and activations (default: the backend's; on CPUs "
                         "without bf16 instructions float32 prefills several times faster)")
+    p.add_argument("--enforce-eager", action="store_true",
+                   help="vllm: run the model eagerly (default: compiled, as stock vllm serve; "
+                        "eager starts faster, its steps are slower)")
     return p
 
 

@@ -135,7 +135,7 @@ class VllmRunner:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         seed: int = 0,
-        enforce_eager: bool = True,
+        enforce_eager: bool = False,
         threads: int | None = None,
     ) -> None:
         require_supported()
@@ -173,6 +173,9 @@ class VllmRunner:
             disable_log_stats=True,
         )
         config = args.create_engine_config()
+        # compiled unless enforce_eager: the platform sets what stock ``vllm serve`` runs
+        # (CPU: dynamo traced once with dynamic shapes, inductor, no CUDA graphs)
+        self.compilation = compilation_summary(config)
         self._core = EngineCore(config, Executor.get_class(config), log_stats=False)
         self._executor = self._core.model_executor
         cache = config.cache_config
@@ -259,6 +262,16 @@ class VllmRunner:
 
     def shutdown(self) -> None:
         cast(Any, self._core).shutdown()
+
+
+def compilation_summary(config: Any) -> str:
+    """How the engine runs the model: ``eager``, or vLLM's compilation mode and backend
+    (stock CPU default: ``DYNAMO_TRACE_ONCE/inductor``; CUDA: ``VLLM_COMPILE/inductor``)."""
+    cc = config.compilation_config
+    mode = getattr(cc.mode, "name", str(cc.mode))
+    if mode == "NONE" or config.model_config.enforce_eager:
+        return "eager"
+    return f"{mode}/{cc.backend or 'inductor'}"
 
 
 def _eos_ids(model_dir: Path, hf: dict[str, Any]) -> tuple[int, ...]:

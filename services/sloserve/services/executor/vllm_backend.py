@@ -218,6 +218,7 @@ class VllmBackend:
         max_num_seqs: int = 256,
         max_num_batched_tokens: int = 8192,
         threads: int | None = None,
+        enforce_eager: bool = False,
         **_: object,
     ) -> None:
         from sloserve.services.executor.vllm_adapter import require_supported
@@ -230,7 +231,7 @@ class VllmBackend:
         self.engine = VllmEngine(VllmRunner(
             self.model_dir, dtype=dtype, block_size=block_size, num_blocks=num_blocks,
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, seed=seed,
-            threads=threads))
+            threads=threads, enforce_eager=enforce_eager))
         self._lock = threading.Lock()  # the warm-up sweep runs in a thread at startup
 
     def describe(self) -> executor_pb2.ExecutorDescription:

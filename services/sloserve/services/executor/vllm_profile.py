@@ -90,11 +90,13 @@ class VllmProfiled:
     """``sloserve profile --backend vllm``: the executor backend's engine, timed per shape."""
 
     def __init__(self, model: str, weights: str | None, dtype: str, seed: int,
-                 threads: int | None, max_num_batched_tokens: int) -> None:
+                 threads: int | None, max_num_batched_tokens: int,
+                 enforce_eager: bool = False) -> None:
         from sloserve.services.executor.vllm_backend import VllmBackend
 
         self.backend = VllmBackend(model, weights=weights, dtype=dtype, seed=seed,
-                                   threads=threads, max_num_batched_tokens=max_num_batched_tokens)
+                                   threads=threads, max_num_batched_tokens=max_num_batched_tokens,
+                                   enforce_eager=enforce_eager)
         self.engine = self.backend.engine
         self.num_blocks, self.block_size = self.engine.num_blocks, self.engine.block_size
         self.weights_loaded = True
