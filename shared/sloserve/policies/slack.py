@@ -13,27 +13,51 @@ Each iteration, for one instance:
    decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
    prompts go in at once, as vLLM's prefill-first schedule does; the budget
    never falls below ``min_prefill_tokens`` so a prompt always progresses.
-3. **Prefills by TTFT slack** (Ascendra §3.3 / EDF on the latest start time):
-   ongoing prefills first, then waiting requests from a heap keyed by
-   ``latest_start = deadline - predicted prefill time of the whole remaining
-   prompt``; a longer prompt has less slack, so the order is prompt-length
-   aware. The heap is kept across iterations (no per-iteration sort); it is
-   rebuilt only when the waiting queue changed behind the policy's back
-   (preemption, cancellation, offload).
-4. **Early shedding** (Ascendra §6.3, ``shed``): a waiting request that has
-   produced no token and whose latest start has passed can no longer meet its
-   TTFT even alone on the GPU; it is dropped with a reason instead of taking
-   GPU time from requests that still can. Beyond that, Moore-Hodgson's rule for
-   the fewest late jobs on one machine (Moore, Mgmt. Sci. 1968) runs over the
-   first ``shed_window`` queued requests in latest-start order: summing predicted
-   prefill times at the current budget, whenever one would end past its TTFT the
-   longest prompt so far is shed — goodput counts requests, so under a burst one
-   long prompt goes instead of several short ones. A request keeps its KV once
-   admitted.
+3. **Which prompts, in which order** — "prioritise shorter requests for
+   throughput while ensuring longer ones are processed in time" (Ascendra §2,
+   Fig. 2; its §5.2/§8.4 EDF-vs-SJF ablation), made exact on the one-machine
+   model of prefill (each prompt a job of its predicted prefill time at this
+   budget, due at its TTFT deadline):
+
+   a. waiting requests sit in a heap keyed by their next-token deadline (EDF,
+      Ascendra §3.3 / §5.2; the TTFT deadline for a fresh request). The heap
+      is kept across iterations and rebuilt (heapify) only when the waiting
+      queue changed behind the policy's back (preemption, cancellation, offload);
+   b. a request whose *latest start* (deadline - predicted prefill alone) has
+      passed, or whose prompt needs more iterations of this budget than its
+      TTFT leaves, can no longer make it (``doomed``);
+   c. **the most on time** — Moore-Hodgson (Moore, Mgmt. Sci. 1968; optimal for
+      the fewest late jobs on one machine) over the first ``shed_window``
+      requests in deadline order: whenever the running sum of prefill times
+      passes a deadline, the longest prompt so far is given up. Goodput counts
+      requests, so under a burst one long prompt goes instead of several short ones;
+   d. **short first among those with slack** — the kept set is admitted in the
+      order of Smith's backward rule (Smith, Nav. Res. Log. Q. 1956; optimal for
+      the least total completion time subject to every deadline): from the end,
+      the longest prompt whose deadline allows it to end last goes last. So a
+      short prompt goes ahead of a long one whenever the long one still meets
+      its deadline after it, and an urgent long one goes first. This is what
+      lowers the median scheduling delay (the ``tail`` criterion) and mean TTFT
+      against plain EDF or the previous latest-start order (docs/beyond.md),
+      without losing a request that EDF would have kept;
+   e. ongoing prefills continue first; a preempted request (already has tokens)
+      goes before the fresh ones in the window.
+4. **Requests given up** (``late``): ``defer`` (default) keeps them in a
+   background queue, shortest remaining prompt first (SPT among requests that
+   are late anyway: the least mean wait among them, Schrage 1968), admitted only when no on-time
+   request is held back, with the budget on-time work leaves, in chunks of at
+   most ``late_chunk`` and at most ``late_max_running`` at once — so at low
+   load a request that cannot make its SLO (AccelGen's mix makes half of them
+   so) is still served at once, and under overload background work cannot
+   crowd out on-time requests. Nothing is refused. ``drop`` (Ascendra §6.3's
+   drop under overload) ends them with a reason instead: a little more
+   goodput under overload, but refusals, and at low load it refuses requests
+   an idle GPU could have served. ``serve`` gives up nothing (3b and 3c off).
+   A request keeps its KV once admitted.
 
 Prefix caching: the prompt work a request still needs is read through
-``prompt_work`` (its uncomputed tokens today); a prefix-cache-aware KV manager
-plugs in there (not done).
+``prompt_work`` (its uncomputed tokens today; the instance's prefix lookup
+already counts cached tokens as computed).
 
 Config: ``SlackConfig``.
 """
@@ -43,6 +67,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan, BatchShape
@@ -60,6 +85,8 @@ from sloserve.slo import next_token_deadline
 
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
 LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
+LATE_MODES = ("defer", "drop", "serve")
+ORDERS = ("smith", "edf", "latest-start")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,10 +100,24 @@ class SlackConfig(PolicyConfig):
         min=0.05, max=1.0)
     min_prefill_tokens: int = knob(
         32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
-    shed: bool = knob(True, "slack: drop waiting requests that can no longer meet their TTFT")
+    late: str = knob(
+        "defer", "slack: what happens to a waiting request that can no longer meet its TTFT, "
+        "or that Moore-Hodgson gives up: 'defer' serves it from a background queue "
+        "(shortest prompt first) with what on-time work leaves; 'drop' ends it with a "
+        "reason; 'serve' gives up nothing", choices=LATE_MODES)
+    order: str = knob(
+        "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
+        "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
+        "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
+    late_chunk: int = knob(
+        512, "slack: most prompt tokens a deferred request prefills per iteration, so an "
+        "on-time arrival never waits behind a long background iteration", min=1)
+    late_max_running: int = knob(
+        4, "slack: most deferred requests running at once (prefill or decode), so background "
+        "work cannot crowd out on-time requests", min=1)
     shed_window: int = knob(
-        64, "slack: queued requests (by latest start) the Moore-Hodgson shedding looks at "
-        "(0: only shed requests that cannot make it alone)", min=0)
+        64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
+        "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
 
 
 def prompt_work(req: Request) -> int:
@@ -113,6 +154,31 @@ def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
     return lo
 
 
+def smith_order(jobs: list[tuple[float, float, Request]], start: float) -> list[Request]:
+    """Smith's backward rule (1956) for the least total completion time subject to deadlines
+    on one machine. ``jobs``: ``(deadline, cost, request)`` in deadline order, run back to back
+    from ``start``. From the end: of the jobs whose deadline the whole remaining sequence
+    meets, the longest goes last; if none does (an overloaded set), the one with the latest
+    deadline goes last, as EDF would run it. Returns the requests in run order."""
+    end = start + sum(c for _, c, _ in jobs)
+    ready: list[tuple[float, float, int]] = []  # max-heap on (cost, deadline)
+    i = len(jobs) - 1
+    out: list[Request] = []
+    while len(out) < len(jobs):
+        while i >= 0 and jobs[i][0] >= end:
+            heapq.heappush(ready, (-jobs[i][1], -jobs[i][0], i))
+            i -= 1
+        if ready:
+            k = heapq.heappop(ready)[2]
+        else:
+            k = i
+            i -= 1
+        out.append(jobs[k][2])
+        end -= jobs[k][1]
+    out.reverse()
+    return out
+
+
 class SlackPolicy(Policy):
     name = "slack"
     config_cls = SlackConfig
@@ -122,6 +188,10 @@ class SlackPolicy(Policy):
         super().__init__(config)
         self._heap: list[tuple[float, int, Request]] = []
         self._queued: dict[str, float] = {}  # request id -> its key in the heap
+        self._start_by: dict[str, float] = {}  # request id -> latest start (while queued)
+        self._late_heap: list[tuple[int, int, Request]] = []  # (prompt work, seq, req)
+        self._late: set[str] = set()  # ids of deferred requests still waiting
+        self._late_running: dict[str, Request] = {}  # deferred requests admitted, not done
         self._pending: list[Request] = []
         self._seq = itertools.count()
 
@@ -138,12 +208,13 @@ class SlackPolicy(Policy):
         return deadline - view.perf_model.predict(shape)
 
     @staticmethod
-    def doomed(req: Request, key: float, view: InstanceView, limit: float, allowance: int,
-               dec: tuple[int, ...]) -> bool:
-        """Whether ``req`` can no longer meet its TTFT: its latest start has passed, or its
-        prompt needs more iterations of this budget than it has time left — the last one
-        as predicted beside the decodes ``dec``, each earlier one up to ``limit`` s."""
-        if key < view.now:
+    def doomed(req: Request, start_by: float, view: InstanceView, limit: float,
+               allowance: int, dec: tuple[int, ...]) -> bool:
+        """Whether ``req`` can no longer meet its TTFT: its latest start ``start_by`` has
+        passed, or its prompt needs more iterations of this budget than it has time left —
+        the last one as predicted beside the decodes ``dec``, each earlier one up to
+        ``limit`` s."""
+        if start_by < view.now:
             return True
         deadline = req.ttft_deadline
         if deadline is None or limit == math.inf or allowance < 1:
@@ -153,44 +224,70 @@ class SlackPolicy(Policy):
             BatchShape(prefills=((min(work, allowance), req.num_computed),), decodes=dec))
         return view.now + (math.ceil(work / allowance) - 1) * limit + last > deadline
 
-    def overflow(self, view: InstanceView, ongoing: int, limit: float,
-                 allowance: int) -> list[Request]:
-        """Moore-Hodgson (minimum number of late jobs on one machine) over the first
-        ``shed_window`` queued requests in latest-start order: walk them, summing
-        predicted prefill times from now (after ``ongoing`` prompt tokens); whenever one
-        would end past its TTFT deadline, shed the longest walked so far. Returns the shed."""
-        window = [e for e in heapq.nsmallest(self.config.shed_window, self._heap)
-                  if self._queued.get(e[2].request_id) == e[0]
-                  and e[2].num_generated == 0 and e[2].ttft_deadline is not None]
-        if not window:
-            return []
+    @staticmethod
+    def prefill_cost(view: InstanceView, limit: float, allowance: int) -> Callable[[int], float]:
+        """Predicted seconds to prefill ``tokens`` at this iteration's budget: alone on the
+        GPU with no TBT limit, else ``limit`` per ``allowance`` tokens."""
         if limit == math.inf:
-            def cost(tokens: int) -> float:
-                return view.perf_model.predict(BatchShape(prefills=((tokens, 0),)))
-        else:
-            rate = limit / max(allowance, 1)  # seconds per prompt token at this budget
+            predict = view.perf_model.predict
 
-            def cost(tokens: int) -> float:
-                return tokens * rate
-        t = view.now + (cost(ongoing) if ongoing else 0.0)
-        kept: list[tuple[float, int, Request]] = []  # max-heap on cost
-        shed: list[Request] = []
-        for _, seq, req in window:
-            c = cost(prompt_work(req))
-            heapq.heappush(kept, (-c, seq, req))
+            def alone(tokens: int) -> float:
+                return predict(BatchShape(prefills=((tokens, 0),)))
+            return alone
+        rate = limit / max(allowance, 1)  # seconds per prompt token at this budget
+
+        def at_rate(tokens: int) -> float:
+            return tokens * rate
+        return at_rate
+
+    @staticmethod
+    def moore_hodgson(jobs: list[tuple[float, float, Request]], start: float
+                      ) -> tuple[list[tuple[float, float, Request]], list[Request]]:
+        """Moore-Hodgson (1968), the fewest late jobs on one machine: walk ``jobs``
+        (``(deadline, cost, request)``, in deadline order) from ``start``; whenever the
+        running end passes a deadline, drop the longest walked so far. Returns the kept
+        jobs (in order) and the dropped requests."""
+        t = start
+        kept: list[tuple[float, int]] = []  # max-heap on cost: (-cost, index)
+        out: set[int] = set()
+        for k, (deadline, c, _) in enumerate(jobs):
+            heapq.heappush(kept, (-c, k))
             t += c
-            deadline = req.ttft_deadline
-            assert deadline is not None
             if t > deadline:
-                neg, _, longest = heapq.heappop(kept)
+                neg, longest = heapq.heappop(kept)
                 t += neg
-                shed.append(longest)
-        return shed
+                out.add(longest)
+        if not out:
+            return jobs, []
+        return ([j for k, j in enumerate(jobs) if k not in out],
+                [jobs[k][2] for k in sorted(out)])
+
+    def _key(self, req: Request, start_by: float) -> float:
+        if self.config.order == "latest-start":
+            return start_by
+        deadline = next_token_deadline(req)
+        return math.inf if deadline is None else deadline
 
     def _push(self, req: Request, view: InstanceView) -> None:
-        key = self.latest_start(req, view)
-        self._queued[req.request_id] = key
+        start_by = self.latest_start(req, view)
+        key = self._key(req, start_by)
+        rid = req.request_id
+        self._queued[rid] = key
+        self._start_by[rid] = start_by
         heapq.heappush(self._heap, (key, next(self._seq), req))
+
+    def _unqueue(self, req: Request) -> None:
+        del self._queued[req.request_id]
+        del self._start_by[req.request_id]
+
+    def _give_up(self, b: BatchBuilder, req: Request, hopeless: bool) -> None:
+        """``req`` cannot (or, by Moore-Hodgson, should not) meet its TTFT: defer or drop it."""
+        self._unqueue(req)
+        if self.config.late == "defer":
+            self._late.add(req.request_id)
+            heapq.heappush(self._late_heap, (prompt_work(req), next(self._seq), req))
+        else:
+            b.drop(req, SHED_REASON if hopeless else LATE_REASON)
 
     def _sync(self, view: InstanceView) -> None:
         """Push new arrivals; rebuild (heapify, O(n)) if the waiting queue changed otherwise."""
@@ -198,26 +295,77 @@ class SlackPolicy(Policy):
             if req.request_id not in self._queued and req.status is RequestStatus.WAITING:
                 self._push(req, view)
         self._pending.clear()
-        if len(self._queued) == len(view.waiting):
+        if len(self._queued) + len(self._late) == len(view.waiting):
             return
-        keys = self._queued
-        self._queued = {}
-        self._heap = []
+        keys, starts, late = self._queued, self._start_by, self._late
+        self._queued, self._start_by, self._late = {}, {}, set()
+        self._heap, self._late_heap = [], []
         for req in view.waiting:
-            key = keys.get(req.request_id)
-            if key is None or req.num_computed or req.num_generated:
-                key = self.latest_start(req, view)
-            self._queued[req.request_id] = key
+            rid = req.request_id
+            if rid in late and not req.num_generated:
+                self._late.add(rid)
+                self._late_heap.append((prompt_work(req), next(self._seq), req))
+                continue
+            key, start_by = keys.get(rid), starts.get(rid)
+            if key is None or start_by is None or req.num_computed or req.num_generated:
+                start_by = self.latest_start(req, view)
+                key = self._key(req, start_by)
+            self._queued[rid] = key
+            self._start_by[rid] = start_by
             self._heap.append((key, next(self._seq), req))
         heapq.heapify(self._heap)
+        heapq.heapify(self._late_heap)
+
+    def _window(self, b: BatchBuilder, view: InstanceView, ongoing: int, limit: float,
+                allowance: int) -> list[Request]:
+        """The first ``shed_window`` queued requests, in the order to admit them: requests
+        that already have tokens first, then the fresh ones Moore-Hodgson keeps (the rest,
+        and those past their latest start, given up unless ``late='serve'``), in Smith's
+        order or the key order."""
+        cfg = self.config
+        give_up = cfg.late != "serve"
+        first: list[Request] = []
+        fresh: list[Request] = []
+        for key, _, req in heapq.nsmallest(cfg.shed_window, self._heap):
+            rid = req.request_id
+            if self._queued.get(rid) != key or req.status is not RequestStatus.WAITING:
+                continue  # stale
+            if req.num_generated or req.ttft_deadline is None:
+                first.append(req)
+            elif give_up and self._start_by[rid] < view.now:
+                self._give_up(b, req, hopeless=True)
+            else:
+                fresh.append(req)
+        if not fresh:
+            return first
+        cost = self.prefill_cost(view, limit, allowance)
+        start = view.now + (cost(ongoing) if ongoing else 0.0)
+        jobs = [(d, cost(prompt_work(r)), r) for r in fresh if (d := r.ttft_deadline) is not None]
+        if cfg.order == "smith":
+            jobs.sort(key=lambda j: j[0])  # stable: equal deadlines keep the heap order
+        if give_up:
+            jobs, late = self.moore_hodgson(jobs, start)
+            for req in late:
+                self._give_up(b, req, hopeless=self._start_by[req.request_id] < view.now)
+        if cfg.order == "smith":
+            return first + smith_order(jobs, start)
+        return first + [j[2] for j in jobs]
 
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         self._sync(view)
         decodes = [r for r in view.running if r.is_decode]
-        prefills = sorted((r for r in view.running if r.in_prefill),
-                          key=lambda r: self._queued.get(r.request_id, r.arrival_time))
-        head = prefills[0] if prefills else (self._heap[0][2] if self._heap else None)
+        prefills = [r for r in view.running if r.in_prefill]
+        late_prefills: list[Request] = []
+        if self._late_running:
+            running = RequestStatus.RUNNING
+            late_ids = self._late_running = {
+                rid: r for rid, r in self._late_running.items() if r.status is running}
+            late_prefills = [r for r in prefills if r.request_id in late_ids]
+            prefills = [r for r in prefills if r.request_id not in late_ids]
+        head = (prefills[0] if prefills else self._heap[0][2] if self._heap
+                else late_prefills[0] if late_prefills
+                else self._late_heap[0][2] if self._late_heap else None)
         cap = cfg.max_num_batched_tokens
         limit = tbt_limit(view, decodes, cfg.tbt_margin)
         allowance = 0
@@ -226,32 +374,62 @@ class SlackPolicy(Policy):
                 view, decodes, limit, cap, head.num_computed))
         b = BatchBuilder(view, len(decodes) + allowance, cfg.max_num_seqs)
         add_decodes(b, decodes)
-        for req in prefills:
+        for req in prefills:  # ongoing prefills first, in arrival order
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
-        if cfg.shed and cfg.shed_window and self._heap:
-            ongoing = sum(prompt_work(r) for r in prefills)
-            for req in self.overflow(view, ongoing, limit, allowance):
-                hopeless = self._queued.pop(req.request_id) < view.now
-                b.drop(req, SHED_REASON if hopeless else LATE_REASON)
-        held: list[tuple[float, int, Request]] = []
+        give_up = cfg.late != "serve"
         dec = tuple(r.num_computed for r in decodes)
-        while self._heap:
+        full = False
+        if cfg.shed_window and self._heap:
+            ongoing = sum(prompt_work(r) for r in prefills)
+            for req in self._window(b, view, ongoing, limit, allowance):
+                start_by = self._start_by[req.request_id]
+                if give_up and not req.num_generated and self.doomed(
+                        req, start_by, view, limit, allowance, dec):
+                    self._give_up(b, req, hopeless=True)
+                    continue
+                chunk = b.max_chunk(req)
+                if chunk == 0 or not can_admit(b, req, chunk):
+                    full = True
+                    break
+                self._unqueue(req)
+                b.add(req, chunk)
+        held: list[tuple[float, int, Request]] = []
+        while self._heap and not full:
             entry = heapq.heappop(self._heap)
             key, _, req = entry
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
-                continue  # stale: admitted, dropped or re-keyed since it was pushed
-            fresh = req.num_generated == 0
-            if cfg.shed and fresh and self.doomed(req, key, view, limit, allowance, dec):
-                del self._queued[req.request_id]
-                b.drop(req, SHED_REASON)
+                continue  # stale: admitted, dropped, deferred or re-keyed since it was pushed
+            if give_up and req.num_generated == 0 and self.doomed(
+                    req, self._start_by[req.request_id], view, limit, allowance, dec):
+                self._give_up(b, req, hopeless=True)
                 continue
             chunk = b.max_chunk(req)
             if chunk == 0 or not can_admit(b, req, chunk):
                 held.append(entry)
+                full = True
                 break
-            del self._queued[req.request_id]
+            self._unqueue(req)
             b.add(req, chunk)
         for entry in held:
             heapq.heappush(self._heap, entry)
+        if full or not (late_prefills or self._late_heap):
+            return b.build()
+        # background: deferred requests get only what on-time work left this iteration
+        for req in late_prefills:
+            if not b.removed(req) and (chunk := min(b.max_chunk(req), cfg.late_chunk)):
+                b.add(req, chunk)
+        while self._late_heap and len(self._late_running) < cfg.late_max_running:
+            req = self._late_heap[0][2]
+            if req.request_id not in self._late or req.status is not RequestStatus.WAITING:
+                heapq.heappop(self._late_heap)
+                self._late.discard(req.request_id)
+                continue
+            chunk = min(b.max_chunk(req), cfg.late_chunk)
+            if chunk == 0 or not can_admit(b, req, chunk):
+                break
+            heapq.heappop(self._late_heap)
+            self._late.discard(req.request_id)
+            self._late_running[req.request_id] = req
+            b.add(req, chunk)
         return b.build()
