@@ -2,7 +2,7 @@
 
 Usage: python infra/experiments/beyond_capacity.py [--num-requests K] [--jobs J]
        [--only SUBSTR] [--traces a,b] [--instances 1,3] [--slos tbt0.1,tbt0.5,hetero]
-       [--seeds vllm,sarathi,...] [--refs oracle] [--variants drop,serve]
+       [--seeds vllm,sarathi,...] [--refs oracle] [--variants defer,drop,serve]
        [--qps-max-factor F] [--resume] [--out FILE.json]
 
 Grid (llama-3-8b on a100): traces x instances x SLOs x policies. SLOs: uniform
@@ -12,9 +12,9 @@ TTFT 1 s with TBT 0.1 s or 0.5 s, or AccelGen's heterogeneous mix. Seeds
 instance, as 1L0H: its LP scheduler alone (EDF value function, its token budget,
 nothing to offload to). References (``--refs``, default ``oracle``, the SRPT
 policy that knows output lengths) are reported beside ours, not counted as seeds.
-Ours is ``slack`` with its defaults (``late='defer'``: nothing refused);
-``--variants drop,serve`` adds ``slack-drop`` / ``slack-serve`` (``late='drop'``
-/ ``'serve'``) for comparison, never counted as ours.
+Ours is ``slack`` with its defaults (``late='triage'``); ``--variants
+defer,drop,serve`` adds ``slack-<mode>`` (``late=<mode>``) for comparison, never
+counted as ours.
 
 Criteria (docs/beyond.md "How the cells are judged"):
 
@@ -62,7 +62,7 @@ from sloserve.sim.simulator import Simulation, build_timing, build_workload
 
 CRITERIA = ("goodput", "tail", "token", "tail_scheduled")
 OURS = "slack"
-VARIANTS = ("drop", "serve")  # slack-<late mode>, for comparison
+VARIANTS = ("defer", "drop", "serve")  # slack-<late mode>, for comparison
 REFS = ("oracle",)
 TRACES = ("sharegpt", "arxiv", "azure-conv", "azure-code")
 SLOS: dict[str, dict[str, Any]] = {
@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--refs", default=",".join(REFS),
                     help="reference policies reported beside ours, not seeds ('' for none)")
     ap.add_argument("--variants", default="",
-                    help="also run slack-<mode> for these late modes (drop, serve)")
+                    help=f"also run slack-<mode> for these late modes ({', '.join(VARIANTS)})")
     ap.add_argument("--qps-max-factor", type=float, default=64.0,
                     help="stop doubling at this x the start rate (1 req/s per instance)")
     ap.add_argument("--resume", action="store_true",

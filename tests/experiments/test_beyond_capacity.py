@@ -23,13 +23,35 @@ def test_cell_holds_ours_best_seed_ratio_and_bound(tmp_path: Path) -> None:
     out = tmp_path / "b.json"
     load("beyond_capacity").main([
         "--num-requests", "40", "--jobs", "1", "--traces", "azure-code", "--instances", "1",
-        "--slos", "tbt0.5", "--seeds", "vllm,sarathi", "--qps-max-factor", "2",
-        "--out", str(out)])
+        "--slos", "tbt0.5", "--seeds", "vllm,sarathi", "--variants", "serve",
+        "--qps-max-factor", "2", "--out", str(out)])
     got = json.loads(out.read_text())
-    assert {r["policy"] for r in got["results"]} == {"slack", "slack-noshed", "vllm", "sarathi"}
+    assert {r["policy"] for r in got["results"]} == {"slack", "slack-serve", "vllm", "sarathi",
+                                                     "oracle"}
     (cell,) = got["cells"]
     assert cell["cell"] == "azure-code/x1/tbt0.5" and cell["bound_goodput_qps"] > 0
-    for c in ("goodput", "tail", "token"):
+    for c in ("goodput", "tail", "token", "tail_scheduled"):
         seeds = [r["capacity"][c] for r in got["results"] if r["policy"] in ("vllm", "sarathi")]
-        assert cell[c]["best_seed"] == max(seeds)
-        assert "ours_noshed" in cell[c]
+        assert cell[c]["best_seed"] == max(seeds)  # the oracle and our variants are not seeds
+        assert "slack-serve" in cell[c] and "oracle" in cell[c]
+    assert cell["goodput_target"] == 0.9
+    for r in got["results"]:  # every probe keeps the median over all requests too
+        assert all("sched_delay_p50_all" in p for p in r["probes"].values())
+
+
+def test_tail_counts_a_dropped_request_as_never_scheduled() -> None:
+    mod = load("beyond_capacity")
+    from sloserve.policies.slack import SlackConfig
+    from sloserve.sim.config import SimConfig
+
+    cfg = SimConfig(policy="slack", trace="sharegpt", num_requests=60, qps=80.0,
+                    policy_config=SlackConfig(late="drop"))
+    s = mod.simulate_all(cfg)
+    assert s["dropped"] >= 31  # most of them: their median delay is infinite
+    assert s["sched_delay_p50_all"] == float("inf") > s["sched_delay_p50"]
+
+
+def test_hetero_goodput_target_scales_with_the_feasible_share() -> None:
+    mod = load("beyond_capacity")
+    assert mod.goodput_target("tbt0.1", 0.5) == 0.9
+    assert mod.goodput_target("hetero", 0.5) == 0.45

@@ -1,15 +1,27 @@
-"""``slack``: TBT-slack token budget, latest-start order, early TTFT shedding (docs/beyond.md)."""
+"""``slack``: TBT-slack token budget; deadline order with Moore-Hodgson and Smith's rule;
+requests that cannot make their TTFT deferred to a background lane, dropped or served
+(docs/beyond.md, "Our policy")."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sloserve.batch import BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
 from sloserve.policies import get_spec
-from sloserve.policies.slack import LATE_REASON, SHED_REASON, SlackConfig, SlackPolicy
+from sloserve.policies.slack import (
+    LATE_REASON,
+    SHED_REASON,
+    SlackConfig,
+    SlackPolicy,
+    smith_order,
+)
 from sloserve.request import SLO, Request
 
 PERF = LinearPerfModel()  # 10 ms + 0.2 ms per token + 0.1 us per context token
@@ -86,16 +98,45 @@ def test_waiting_requests_go_by_latest_start_not_arrival() -> None:
     assert [it.request_id for it in plan.items] == ["tight", "loose"]
 
 
-def test_longer_prompt_has_less_slack_and_goes_first() -> None:
-    i = inst(max_num_batched_tokens=1000)
+def test_latest_start_order_puts_the_longer_prompt_first() -> None:
+    i = inst(max_num_batched_tokens=1000, order="latest-start")
     i.add_request(req("short", 100), 0.0)
     i.add_request(req("long", 1000), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert [(it.request_id, it.num_tokens) for it in plan.items] == [("long", 1000)]
 
 
+def test_smith_puts_the_short_prompt_first_when_the_long_one_still_makes_it() -> None:
+    # same deadline (1 s); alone 0.03 s + 0.21 s: both end in time either way, so the
+    # short one goes first (less total completion time) and the long one takes the rest
+    i = inst(max_num_batched_tokens=1000)
+    i.add_request(req("short", 100), 0.0)
+    i.add_request(req("long", 1000), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("short", 100),
+                                                                     ("long", 900)]
+
+
+def test_smith_puts_an_urgent_long_prompt_first() -> None:
+    # the long one (0.21 s alone) is due at 0.22 s: after the short one (0.03 s) it
+    # would end at 0.24 s, so it goes first although it is longer
+    i = inst(max_num_batched_tokens=1000)
+    i.add_request(req("short", 100), 0.0)
+    i.add_request(req("long", 1000, ttft=0.22), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("long", 1000)]
+
+
+def test_edf_order_goes_by_deadline_only() -> None:
+    i = inst(max_num_batched_tokens=1000, order="edf")
+    i.add_request(req("long", 1000, arrival=0.0), 0.0)
+    i.add_request(req("short", 100, arrival=0.01), 0.01)
+    plan, _, _ = i.schedule(0.01)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("long", 1000)]
+
+
 def test_sheds_a_request_that_cannot_meet_its_ttft_alone() -> None:
-    i = inst(shed_window=0)  # the latest-start rule alone, without Moore-Hodgson
+    i = inst(shed_window=0, late="drop")  # the latest-start rule alone, no Moore-Hodgson
     i.add_request(req("late", 2000, ttft=0.2), 0.0)  # 0.41 s of prefill alone > 0.2 s
     i.add_request(req("ok", 100), 0.0)
     plan, _, _ = i.schedule(0.0)
@@ -104,7 +145,7 @@ def test_sheds_a_request_that_cannot_meet_its_ttft_alone() -> None:
 
 
 def test_a_hopeless_request_shed_by_moore_hodgson_gets_the_hopeless_reason() -> None:
-    i = inst()
+    i = inst(late="drop")
     i.add_request(req("late", 2000, ttft=0.2), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert plan.dropped == ["late"] and plan.drop_reasons["late"] == SHED_REASON
@@ -113,28 +154,47 @@ def test_a_hopeless_request_shed_by_moore_hodgson_gets_the_hopeless_reason() -> 
 def test_sheds_a_request_the_tbt_bounded_budget_cannot_prefill_in_time() -> None:
     # alone: 0.01 + 0.2 ms x 1500 = 0.31 s < 0.35 s; at ~330 tokens per 0.08 s iteration it
     # needs 5 iterations = 0.4 s > 0.35 s
-    i = with_decode(0.1, 0.0)
+    i = with_decode(0.1, 0.0, late="drop")
     i.add_request(req("p", 1500, arrival=1.0, ttft=0.35), 1.0)
     plan, _, _ = i.schedule(1.0)
     assert plan.dropped == ["p"]
 
 
-def test_moore_hodgson_sheds_the_longest_so_the_rest_meet_their_ttft() -> None:
-    # alone: 0.41 s per 2000-token prompt, 0.03 s for the short one; in latest-start order
-    # l1, l2, s ends s at 0.85 s > its 0.84 s TTFT: shed a long prompt (not the late short
-    # one), and l + s both end in time
-    i = inst()
+def test_deadline_order_keeps_what_the_latest_start_order_shed() -> None:
+    # alone: 0.41 s per 2000-token prompt, 0.03 s for the short one. In latest-start
+    # order (l1, l2, s) s would end at 0.85 s > its 0.84 s TTFT and a long prompt was
+    # shed; in deadline order (s, l1, l2: Jackson's rule) all three end in time
+    i = inst(late="drop")
     for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000), 0.0)
     i.add_request(req("s", 100, ttft=0.84), 0.0)
     plan, _, _ = i.schedule(0.0)
+    assert plan.dropped == []
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [
+        ("s", 100), ("l1", 2000), ("l2", 2000)]
+    old = inst(late="drop", order="latest-start")
+    for rid in ("l1", "l2"):
+        old.add_request(req(rid, 2000), 0.0)
+    old.add_request(req("s", 100, ttft=0.84), 0.0)
+    plan, _, _ = old.schedule(0.0)
+    assert len(plan.dropped) == 1 and plan.dropped[0].startswith("l")
+
+
+def test_moore_hodgson_sheds_the_longest_so_the_rest_meet_their_ttft() -> None:
+    # both long prompts due at 0.7 s: the second would end at 0.82 s, so one long prompt
+    # is shed (not the short one), and the other long one + the short one end in time
+    i = inst(late="drop")
+    for rid in ("l1", "l2"):
+        i.add_request(req(rid, 2000, ttft=0.7), 0.0)
+    i.add_request(req("s", 100, ttft=0.84), 0.0)
+    plan, _, _ = i.schedule(0.0)
     assert len(plan.dropped) == 1 and plan.dropped[0].startswith("l")
     assert plan.drop_reasons[plan.dropped[0]] == LATE_REASON
-    assert "s" in {it.request_id for it in plan.items}
+    assert {it.request_id for it in plan.items} == {"s", "l1", "l2"} - set(plan.dropped)
 
 
 def test_shed_window_zero_sheds_only_the_hopeless() -> None:
-    i = inst(shed_window=0)
+    i = inst(shed_window=0, late="drop")
     for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000), 0.0)
     i.add_request(req("s", 100, ttft=0.84), 0.0)
@@ -151,8 +211,8 @@ def test_a_short_prompt_that_fits_its_tight_ttft_in_one_iteration_is_kept() -> N
     assert plan.dropped == [] and chunk_of(plan, "short") == 50
 
 
-def test_shed_off_keeps_every_request() -> None:
-    i = inst(shed=False)
+def test_serve_keeps_every_request() -> None:
+    i = inst(late="serve")
     i.add_request(req("late", 2000, ttft=0.2), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert plan.dropped == [] and chunk_of(plan, "late") == 2000
@@ -172,8 +232,144 @@ def test_preempted_requests_are_queued_again() -> None:
 
 @pytest.mark.parametrize("field,value", [("tbt_margin", 0.0), ("tbt_margin", 1.5),
                                          ("max_num_batched_tokens", 0),
-                                         ("min_prefill_tokens", -1), ("shed", "yes"),
-                                         ("shed_window", -1)])
+                                         ("min_prefill_tokens", -1), ("late", "yes"),
+                                         ("order", "sjf"), ("late_chunk", 0),
+                                         ("late_max_running", 0), ("shed_window", -1)])
 def test_bad_knob_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SlackConfig(**{field: value})  # type: ignore[arg-type]
+
+
+# --- what happens to a request given up: triage (default), defer -----------------------
+
+
+def test_triage_is_the_default_and_defers_a_request_that_never_could_make_it() -> None:
+    assert SlackConfig().late == "triage"
+    i = inst(late_chunk=300)
+    i.add_request(req("late", 2000, ttft=0.2), 0.0)  # 0.41 s alone > 0.2 s: never could
+    plan, _, _ = i.schedule(0.0)
+    assert plan.dropped == []
+    # an idle GPU serves it at once, in background chunks
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("late", 300)]
+    i.complete(plan, 0.1)
+    plan, _, _ = i.schedule(0.1)
+    assert chunk_of(plan, "late") == 300
+
+
+def test_triage_drops_a_request_the_load_made_late() -> None:
+    # feasible alone (0.41 s < 0.7 s), but the other long prompt due at 0.7 s makes one
+    # of them late: Moore-Hodgson gives it up, and triage drops it
+    i = inst()
+    for rid in ("l1", "l2"):
+        i.add_request(req(rid, 2000, ttft=0.7), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert len(plan.dropped) == 1 and plan.drop_reasons[plan.dropped[0]] == LATE_REASON
+
+
+def test_triage_drops_a_request_whose_latest_start_passed_while_it_waited() -> None:
+    i = inst(shed_window=0)
+    i.add_request(req("w", 1000, ttft=0.5), 0.0)  # 0.21 s alone: could make it at first
+    plan, _, _ = i.schedule(0.4)  # 0.4 + 0.21 > 0.5: its latest start has passed
+    assert plan.dropped == ["w"] and plan.drop_reasons["w"] == SHED_REASON
+
+
+def test_defer_never_drops() -> None:
+    i = inst(late="defer")
+    for rid in ("l1", "l2"):
+        i.add_request(req(rid, 2000, ttft=0.7), 0.0)
+    i.add_request(req("x", 2000, ttft=0.2), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert plan.dropped == []
+
+
+def test_moore_hodgson_defers_the_longest_behind_the_on_time_ones() -> None:
+    # as the drop test above: one long prompt is given up, the other and the short one
+    # are admitted whole; the given-up one gets only a background chunk after them
+    i = inst(late="defer", late_chunk=256)
+    for rid in ("l1", "l2"):
+        i.add_request(req(rid, 2000, ttft=0.7), 0.0)
+    i.add_request(req("s", 100, ttft=0.84), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    got = [(it.request_id, it.num_tokens) for it in plan.items]
+    assert plan.dropped == [] and len(got) == 3
+    late = got[-1][0]
+    assert late.startswith("l") and got[-1][1] == 256
+    kept = ({"l1", "l2"} - {late}).pop()
+    assert sorted(got[:2]) == sorted([("s", 100), (kept, 2000)])
+
+
+def test_on_time_requests_go_before_deferred_ones_and_a_held_one_stops_the_background(
+) -> None:
+    # budget 500: the on-time request takes it all, so the deferred one waits
+    i = inst(max_num_batched_tokens=500, late="defer")
+    i.add_request(req("late", 2000, ttft=0.2), 0.0)
+    i.add_request(req("ok", 800, ttft=5.0), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("ok", 500)]
+    assert plan.dropped == []
+
+
+def test_at_most_late_max_running_deferred_requests_run_at_once() -> None:
+    i = inst(late_max_running=2, late="defer")
+    for k in range(4):
+        i.add_request(req(f"late{k}", 2000 + k, ttft=0.2), 0.0)
+    t = 0.0
+    plan, _, _ = i.schedule(t)
+    # shortest remaining prompt first among the deferred
+    assert [it.request_id for it in plan.items] == ["late0", "late1"]
+    for _ in range(12):  # prefill and decode: no third deferred request joins them
+        t += 0.05
+        i.complete(plan, t)
+        plan, _, _ = i.schedule(t)
+        assert {it.request_id for it in plan.items} == {"late0", "late1"}
+
+
+# --- the two scheduling rules as functions ---------------------------------------------
+
+
+def run_ends(order: list[tuple[float, float, str]], start: float) -> list[float]:
+    t, ends = start, []
+    for _, cost, _ in order:
+        t += cost
+        ends.append(t)
+    return ends
+
+
+jobs_st = st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 1.0)), min_size=1, max_size=8)
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs_st)
+def test_smith_order_keeps_every_deadline_edf_keeps_and_never_costs_more(
+        raw: list[tuple[float, float]]) -> None:
+    jobs = sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
+                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+    order = smith_order(jobs, 0.0)  # type: ignore[arg-type]
+    assert sorted(r.request_id for r in order) == sorted(j[2].request_id for j in jobs)
+    by_id = {j[2].request_id: j for j in jobs}
+    smith = [(by_id[r.request_id][0], by_id[r.request_id][1], r.request_id) for r in order]
+    edf = [(d, c, r.request_id) for d, c, r in jobs]
+    edf_ends, smith_ends = run_ends(edf, 0.0), run_ends(smith, 0.0)
+    if all(e <= d for e, (d, _, _) in zip(edf_ends, edf, strict=True)):
+        assert all(e <= d + 1e-9 for e, (d, _, _) in zip(smith_ends, smith, strict=True))
+        assert sum(smith_ends) <= sum(edf_ends) + 1e-9
+        # optimal: no feasible permutation has a smaller total completion time
+        best = min(sum(run_ends(list(p), 0.0)) for p in itertools.permutations(edf)
+                   if all(e <= d for e, (d, _, _) in zip(run_ends(list(p), 0.0), p,
+                                                          strict=True)))
+        assert sum(smith_ends) <= best + 1e-9
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs_st)
+def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]]) -> None:
+    jobs = sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
+                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+    kept, late = SlackPolicy.moore_hodgson(jobs, 0.0)  # type: ignore[arg-type]
+    assert len(kept) + len(late) == len(jobs)
+    assert all(e <= d + 1e-9 for e, (d, _, _) in zip(run_ends(kept, 0.0), kept, strict=True))
+    # no subset larger than ``kept`` is feasible (checked in EDF order, which is optimal)
+    for size in range(len(kept) + 1, len(jobs) + 1):
+        for sub in itertools.combinations(jobs, size):
+            ends = run_ends(list(sub), 0.0)
+            assert not all(e <= d for e, (d, _, _) in zip(ends, sub, strict=True))

@@ -42,17 +42,21 @@ Each iteration, for one instance:
       without losing a request that EDF would have kept;
    e. ongoing prefills continue first; a preempted request (already has tokens)
       goes before the fresh ones in the window.
-4. **Requests given up** (``late``): ``defer`` (default) keeps them in a
-   background queue, shortest remaining prompt first (SPT among requests that
-   are late anyway: the least mean wait among them, Schrage 1968), admitted only when no on-time
-   request is held back, with the budget on-time work leaves, in chunks of at
-   most ``late_chunk`` and at most ``late_max_running`` at once — so at low
-   load a request that cannot make its SLO (AccelGen's mix makes half of them
-   so) is still served at once, and under overload background work cannot
-   crowd out on-time requests. Nothing is refused. ``drop`` (Ascendra §6.3's
-   drop under overload) ends them with a reason instead: a little more
-   goodput under overload, but refusals, and at low load it refuses requests
-   an idle GPU could have served. ``serve`` gives up nothing (3b and 3c off).
+4. **Requests given up** (``late``). ``triage`` (default): a request that
+   never could make its TTFT — its prefill alone is predicted to outlast its
+   TTFT SLO, as for about half of AccelGen's heterogeneous mix — is *deferred*;
+   one that the load made late (its latest start passed while it waited, or
+   Moore-Hodgson gave it up) is *dropped* with a reason, Ascendra §6.3's drop
+   under overload: serving it late would take GPU time from requests that can
+   still make it. Deferred requests wait in a background queue, shortest
+   remaining prompt first (SPT: the least mean wait among them), and are
+   admitted only when no on-time request is held back, with the budget on-time
+   work leaves, in chunks of at most ``late_chunk`` and at most
+   ``late_max_running`` at once: at low load they are served at once, under
+   overload they cannot crowd out on-time work. ``defer`` defers every given-up
+   request (nothing refused; ~2 points less goodput share near capacity on
+   ShareGPT, docs/beyond.md), ``drop`` drops every one (refuses even requests
+   an idle GPU could serve late), ``serve`` gives up nothing (3b, 3c off).
    A request keeps its KV once admitted.
 
 Prefix caching: the prompt work a request still needs is read through
@@ -85,7 +89,7 @@ from sloserve.slo import next_token_deadline
 
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
 LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
-LATE_MODES = ("defer", "drop", "serve")
+LATE_MODES = ("triage", "defer", "drop", "serve")
 ORDERS = ("smith", "edf", "latest-start")
 
 
@@ -101,10 +105,12 @@ class SlackConfig(PolicyConfig):
     min_prefill_tokens: int = knob(
         32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
     late: str = knob(
-        "defer", "slack: what happens to a waiting request that can no longer meet its TTFT, "
-        "or that Moore-Hodgson gives up: 'defer' serves it from a background queue "
-        "(shortest prompt first) with what on-time work leaves; 'drop' ends it with a "
-        "reason; 'serve' gives up nothing", choices=LATE_MODES)
+        "triage", "slack: what happens to a waiting request that can no longer meet its "
+        "TTFT, or that Moore-Hodgson gives up: 'triage' defers it if it never could (its "
+        "prefill alone outlasts its TTFT SLO) and drops it if the load made it late; "
+        "'defer' serves every such request from a background queue (shortest prompt "
+        "first) with what on-time work leaves; 'drop' ends every one with a reason; "
+        "'serve' gives up nothing", choices=LATE_MODES)
     order: str = knob(
         "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
         "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
@@ -161,15 +167,15 @@ def smith_order(jobs: list[tuple[float, float, Request]], start: float) -> list[
     meets, the longest goes last; if none does (an overloaded set), the one with the latest
     deadline goes last, as EDF would run it. Returns the requests in run order."""
     end = start + sum(c for _, c, _ in jobs)
-    ready: list[tuple[float, float, int]] = []  # max-heap on (cost, deadline)
+    ready: list[tuple[float, float, int]] = []  # max-heap on (cost, deadline, position)
     i = len(jobs) - 1
     out: list[Request] = []
     while len(out) < len(jobs):
         while i >= 0 and jobs[i][0] >= end:
-            heapq.heappush(ready, (-jobs[i][1], -jobs[i][0], i))
+            heapq.heappush(ready, (-jobs[i][1], -jobs[i][0], -i))  # ties: the later goes last
             i -= 1
         if ready:
-            k = heapq.heappop(ready)[2]
+            k = -heapq.heappop(ready)[2]
         else:
             k = i
             i -= 1
@@ -281,9 +287,13 @@ class SlackPolicy(Policy):
         del self._start_by[req.request_id]
 
     def _give_up(self, b: BatchBuilder, req: Request, hopeless: bool) -> None:
-        """``req`` cannot (or, by Moore-Hodgson, should not) meet its TTFT: defer or drop it."""
+        """``req`` cannot (or, by Moore-Hodgson, should not) meet its TTFT: defer or drop it
+        (``triage``: defer it if it never could, i.e. its prefill alone is predicted to
+        take longer than its TTFT SLO; drop it if the load made it late)."""
+        impossible = self._start_by[req.request_id] < req.arrival_time
         self._unqueue(req)
-        if self.config.late == "defer":
+        mode = self.config.late
+        if mode == "defer" or (mode == "triage" and impossible):
             self._late.add(req.request_id)
             heapq.heappush(self._late_heap, (prompt_work(req), next(self._seq), req))
         else:
