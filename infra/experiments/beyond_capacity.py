@@ -40,6 +40,7 @@ it measured.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -140,7 +141,9 @@ def simulate_all(cfg: SimConfig) -> dict[str, Any]:
 
 
 def run_setup(item: tuple[str, str, SimConfig], qps_max_factor: float = 64.0,
-              goodput_at: float = TARGET) -> dict[str, Any]:
+              goodput_at: float = TARGET, fixed: tuple[float, ...] = ()) -> dict[str, Any]:
+    """Capacities of one setup. With ``fixed`` (per-instance rates; the heterogeneous
+    cells) goodput is measured at those rates instead of searched."""
     cell, policy, cfg = item
     t0 = time.time()
     sims: dict[float, dict[str, Any]] = {}
@@ -157,16 +160,49 @@ def run_setup(item: tuple[str, str, SimConfig], qps_max_factor: float = 64.0,
         return s
 
     start = 1.0 * cfg.instances
-    kw = {"qps_start": start, "qps_max": qps_max_factor * start}
-    res = {"goodput": find_capacity(cfg, "goodput", goodput_at, run=run, **kw),
-           "tail": find_capacity(cfg, "tail", TARGET, run=run_strict, **kw),
-           "token": find_capacity(cfg, "token", TARGET, run=run, **kw),
-           "tail_scheduled": find_capacity(cfg, "tail", TARGET, run=run, **kw)}
-    return {"cell": cell, "policy": policy, "goodput_target": goodput_at,
-            "capacity": {c: r["capacity_qps"] for c, r in res.items()},
-            "at_limit": {c: r["at_search_limit"] for c, r in res.items()},
+    top = qps_max_factor * start
+    def search(criterion: str, target: float, how: Any = run) -> dict[str, Any]:
+        return find_capacity(cfg, criterion, target, run=how, qps_start=start, qps_max=top)
+
+    res = {"tail": search("tail", TARGET, run_strict), "token": search("token", TARGET),
+           "tail_scheduled": search("tail", TARGET)}
+    if not fixed:
+        res["goodput"] = search("goodput", goodput_at)
+    at_rates = {}
+    for rate in fixed:
+        sim = run(dataclasses.replace(cfg, qps=rate * cfg.instances))
+        at_rates[str(rate)] = {k: sim.get(k) for k in PROBE_KEYS}
+    capacity: dict[str, float | None] = {c: r["capacity_qps"] for c, r in res.items()}
+    at_limit = {c: r["at_search_limit"] for c, r in res.items()}
+    if fixed:
+        capacity["goodput"], at_limit["goodput"] = None, False
+    return {"cell": cell, "policy": policy, "goodput_target": None if fixed else goodput_at,
+            "fixed_rates": at_rates,
+            "capacity": capacity, "at_limit": at_limit,
             "probes": {str(q): {k: s.get(k) for k in PROBE_KEYS} for q, s in sorted(sims.items())},
             "simulations": len(sims), "wall_s": round(time.time() - t0, 1)}
+
+
+def fixed_rows(mine: dict[str, Any], seeds: list[dict[str, Any]], refs: list[dict[str, Any]]
+               ) -> dict[str, dict[str, Any]]:
+    """Per fixed rate: ours' goodput share, the best seed's (and which), their ratio, the
+    references' shares."""
+    out = {}
+    for rate, s in mine["fixed_rates"].items():
+        have = [r for r in seeds if rate in r.get("fixed_rates", {})]
+        if not have:
+            continue
+        best = max(have, key=lambda r: r["fixed_rates"][rate]["goodput_share"])
+        top = best["fixed_rates"][rate]["goodput_share"]
+        row = {"ours": s["goodput_share"], "best_seed": top, "best_seed_policy": best["policy"],
+               "ratio": round(s["goodput_share"] / top, 3) if top else None,
+               "ours_dropped": s["dropped"],
+               "seeds": {r["policy"]: r["fixed_rates"][rate]["goodput_share"] for r in have}}
+        for r in refs:
+            if rate in r.get("fixed_rates", {}):
+                row[r["policy"]] = r["fixed_rates"][rate]["goodput_share"]
+        out[rate] = row
+    return out
 
 
 def bound_for(cfg: SimConfig, target: float) -> dict[str, Any]:
@@ -192,7 +228,15 @@ def summarise(results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]],
         row: dict[str, Any] = {"cell": cell, "bound_goodput_qps": bounds[cell]["capacity_qps"],
                                "bound": bounds[cell],
                                "goodput_target": mine[0].get("goodput_target", TARGET)}
+        if mine[0].get("fixed_rates"):
+            row["goodput_fixed"] = fixed_rows(mine[0], seeds, [r for r in here
+                                                               if r["policy"] in refs])
         for c in CRITERIA:
+            if mine[0]["capacity"][c] is None:
+                row[c] = {"ours": None, "best_seed": None, "best_seed_policy": None,
+                          "ratio": None, "ours_at_limit": False, "seed_at_limit": False,
+                          "seeds": {}}
+                continue
             best = max(seeds, key=lambda r: r["capacity"][c])
             ours, top = mine[0]["capacity"][c], best["capacity"][c]
             row[c] = {"ours": ours, "best_seed": top, "best_seed_policy": best["policy"],
@@ -209,8 +253,10 @@ def summarise(results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]],
             for r in variants:
                 row[c][r["policy"]] = r["capacity"][c]
         b = bounds[cell]["capacity_qps"]
-        row["goodput"]["ours_over_bound"] = round(row["goodput"]["ours"] / b, 3) if b else None
-        row["goodput"]["seed_over_bound"] = round(row["goodput"]["best_seed"] / b, 3) if b else None
+        g = row["goodput"]
+        g["ours_over_bound"] = round(g["ours"] / b, 3) if b and g["ours"] is not None else None
+        g["seed_over_bound"] = (round(g["best_seed"] / b, 3)
+                                if b and g["best_seed"] is not None else None)
         rows.append(row)
     return rows
 
@@ -231,6 +277,9 @@ def main(argv: list[str] | None = None) -> None:
                     help=f"also run slack-<mode> for these late modes ({', '.join(VARIANTS)})")
     ap.add_argument("--qps-max-factor", type=float, default=64.0,
                     help="stop doubling at this x the start rate (1 req/s per instance)")
+    ap.add_argument("--hetero-rates", default="0.5,1,2",
+                    help="per-instance rates at which the heterogeneous cells' goodput is "
+                         "measured (no goodput capacity search there; '' to search)")
     ap.add_argument("--resume", action="store_true",
                     help="keep the setups already in --out and run only the others")
     ap.add_argument("--out", default="docs/results/beyond_capacity.json")
@@ -283,7 +332,9 @@ def main(argv: list[str] | None = None) -> None:
     def done(r: dict[str, Any]) -> None:
         results.append(r)
         c, lim = r["capacity"], r["at_limit"]
-        text = " ".join(f"{'>=' if lim[k] else ''}{c[k]:.3f}" for k in CRITERIA)
+        text = " ".join("-" if c[k] is None else f"{'>=' if lim[k] else ''}{c[k]:.3f}"
+                        for k in CRITERIA)
+        text += "".join(f" @{q}:{v['goodput_share']:.3f}" for q, v in r["fixed_rates"].items())
         print(f"{r['cell']:28} {r['policy']:13} {text}  sims={r['simulations']} "
               f"wall={r['wall_s']}", flush=True)
         dump(summarise(results, bounds, refs))
@@ -291,22 +342,29 @@ def main(argv: list[str] | None = None) -> None:
     def target(cell: str) -> float:
         return goodput_target(cell.rsplit("/", 1)[1], feasible[cell]["share"])
 
+    rates = tuple(float(x) for x in a.hetero_rates.split(",") if x)
+
+    def fixed(cell: str) -> tuple[float, ...]:
+        return rates if cell.endswith("/hetero") else ()
+
     if a.jobs <= 1:  # in-process (also when loaded by path, where workers cannot import it)
         for i in items:
-            done(run_setup(i, a.qps_max_factor, target(i[0])))
+            done(run_setup(i, a.qps_max_factor, target(i[0]), fixed(i[0])))
     else:
         with ProcessPoolExecutor(a.jobs) as pool:
-            futures = [pool.submit(run_setup, i, a.qps_max_factor, target(i[0])) for i in items]
+            futures = [pool.submit(run_setup, i, a.qps_max_factor, target(i[0]), fixed(i[0]))
+                       for i in items]
             for fut in as_completed(futures):
                 done(fut.result())
     rows = summarise(results, bounds, refs)
     for row in rows:
         g, t = row["goodput"], row["tail"]
-        print(f"{row['cell']:28} goodput {g['ours']:.3f} vs {g['best_seed']:.3f} "
-              f"({g['best_seed_policy']}) x{g['ratio']}  tail {t['ours']:.3f} vs "
-              f"{t['best_seed']:.3f} ({t['best_seed_policy']})  "
-              f"bound {row['bound_goodput_qps']:.3f} ours/bound {g['ours_over_bound']}",
-              flush=True)
+        print(f"{row['cell']:28} goodput {g['ours']} vs {g['best_seed']} "
+              f"({g['best_seed_policy']}) x{g['ratio']}  tail {t['ours']} vs "
+              f"{t['best_seed']} ({t['best_seed_policy']})  "
+              f"bound {row['bound_goodput_qps']:.3f} ours/bound {g['ours_over_bound']}"
+              + "".join(f"  @{q}: {v['ours']:.3f} vs {v['best_seed']:.3f} x{v['ratio']}"
+                        for q, v in row.get("goodput_fixed", {}).items()), flush=True)
     dump(rows)
 
 

@@ -1,0 +1,145 @@
+"""Issue 13: the markdown table and plot of ``beyond_capacity.py`` results.
+
+Usage: python infra/experiments/beyond_report.py FILE.json [FILE.json ...] [--png OUT.png]
+
+One row per cell (all files' cells together, in the order given): per criterion ours
+(``slack``), the best seed and which, their ratio; the oracle's goodput and ours over it;
+the goodput bound. "≥" marks a capacity still met at the search limit. The plot shows,
+per cell, ours over the best seed on ``goodput`` (the 1.2 line) and on ``tail`` (the 1.0
+line), capped at the search limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+SHORT = {"accelgen": "AG", "ascendra": "AS", "sarathi": "SA", "vllm": "VL", "orca": "OR"}
+
+
+def fmt(v: float | None, limit: bool = False) -> str:
+    if v is None:
+        return "–"
+    return f"{'≥' if limit else ''}{v:.2f}"
+
+
+def load(paths: list[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        for row in d["cells"]:
+            row["_n"] = d["num_requests"]
+            rows.append(row)
+    return rows
+
+
+def verdict(row: dict[str, Any]) -> tuple[bool | None, bool | None, bool | None]:
+    """(goodput >= 1.2 x best seed, tail >= best seed, goodput >= 0.9 x oracle); None when
+    the comparison cannot be made."""
+    g, t = row["goodput"], row["tail"]
+    good = None if not g["best_seed"] else g["ours"] >= 1.2 * g["best_seed"] - 1e-9
+    if row.get("goodput_fixed"):  # heterogeneous cells: the share at every fixed rate
+        good = all(v["ratio"] is not None and v["ratio"] >= 1.2 - 1e-9
+                   for v in row["goodput_fixed"].values())
+    if t["seed_at_limit"]:
+        tail = bool(t["ours_at_limit"])  # both >= the limit: a tie, not below
+    else:
+        tail = t["ours"] >= t["best_seed"] - 1e-9
+    o = g.get("oracle")
+    orc = None if o is None else (g["ours"] >= 0.9 * o - 1e-9 if o else True)
+    return good, tail, orc
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = ("| cell | goodput: slack | best seed | ratio | oracle | slack/oracle | bound "
+            "| tail: slack | best seed | token: slack | best seed | bars (g / t / o) |")
+    lines = [head, "|" + "---|" * 12]
+    mark = {True: "✓", False: "✗", None: "–"}
+    for r in rows:
+        g, t, k = r["goodput"], r["tail"], r["token"]
+        bars = " / ".join(mark[v] for v in verdict(r))
+        lines.append(
+            f"| {r['cell']} | {fmt(g['ours'], g['ours_at_limit'])} "
+            f"| {fmt(g['best_seed'], g['seed_at_limit'])} {SHORT.get(g['best_seed_policy'], '')} "
+            f"| {fmt(g['ratio'])} | {fmt(g.get('oracle'), g.get('oracle_at_limit', False))} "
+            f"| {fmt(g.get('ours_over_oracle'))} | {fmt(r['bound_goodput_qps'])} "
+            f"| {fmt(t['ours'], t['ours_at_limit'])} "
+            f"| {fmt(t['best_seed'], t['seed_at_limit'])} {SHORT.get(t['best_seed_policy'], '')} "
+            f"| {fmt(k['ours'], k['ours_at_limit'])} "
+            f"| {fmt(k['best_seed'], k['seed_at_limit'])} {SHORT.get(k['best_seed_policy'], '')} "
+            f"| {bars} |")
+    return "\n".join(lines)
+
+
+def seeds_table(rows: list[dict[str, Any]], criterion: str) -> str:
+    names = sorted({p for r in rows for p in r[criterion]["seeds"]})
+    lines = ["| cell | slack | " + " | ".join(names) + " | oracle |",
+             "|" + "---|" * (len(names) + 3)]
+    for r in rows:
+        c = r[criterion]
+        lines.append(f"| {r['cell']} | {fmt(c['ours'], c['ours_at_limit'])} | "
+                     + " | ".join(fmt(c["seeds"].get(n)) for n in names)
+                     + f" | {fmt(c.get('oracle'), c.get('oracle_at_limit', False))} |")
+    return "\n".join(lines)
+
+
+def fixed_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| cell | req/s per instance | slack | best seed | ratio | oracle | slack dropped "
+             "| every seed |", "|" + "---|" * 8]
+    for r in rows:
+        for rate, v in r.get("goodput_fixed", {}).items():
+            seeds = ", ".join(f"{SHORT.get(k, k)} {x:.3f}" for k, x in sorted(v["seeds"].items()))
+            lines.append(f"| {r['cell']} | {rate} | {v['ours']:.3f} | {v['best_seed']:.3f} "
+                         f"{SHORT.get(v['best_seed_policy'], '')} | {fmt(v['ratio'])} "
+                         f"| {fmt(v.get('oracle'))} | {v['ours_dropped']} | {seeds} |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict[str, Any]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cells = [r["cell"] for r in rows]
+    fig, axes = plt.subplots(2, 1, figsize=(max(8, 0.45 * len(cells)), 7), sharex=True)
+    for ax, c, line in ((axes[0], "goodput", 1.2), (axes[1], "tail", 1.0)):
+        vals = [r[c]["ratio"] or 0.0 for r in rows]
+        if c == "goodput":  # heterogeneous cells: the lowest ratio over the fixed rates
+            vals = [min((v["ratio"] or 0.0 for v in r["goodput_fixed"].values()), default=0.0)
+                    if r.get("goodput_fixed") else x for r, x in zip(rows, vals, strict=True)]
+        capped = [r[c]["ours_at_limit"] for r in rows]
+        colors = ["tab:green" if v >= line - 1e-9 else "tab:red" for v in vals]
+        ax.bar(range(len(cells)), vals, color=colors,
+               hatch=None, edgecolor=["black" if k else "none" for k in capped])
+        ax.axhline(line, color="black", lw=1, ls="--")
+        ax.set_ylabel(f"{c}: slack / best seed")
+        ax.set_yscale("log")
+    axes[1].set_xticks(range(len(cells)), cells, rotation=70, ha="right", fontsize=8)
+    axes[0].set_title("slack vs the best of vLLM, Sarathi, AccelGen, Ascendra "
+                      "(outlined: ours at the search limit)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--png", default="")
+    a = ap.parse_args(argv)
+    rows = load(a.files)
+    print(table(rows))
+    if any(r.get("goodput_fixed") for r in rows):
+        print("\ngoodput share at fixed rates (heterogeneous cells):\n")
+        print(fixed_table(rows))
+    for c in ("goodput", "tail", "token"):
+        print(f"\n{c}, every policy (req/s):\n")
+        print(seeds_table(rows, c))
+    if a.png:
+        plot(rows, a.png)
+
+
+if __name__ == "__main__":
+    main()
