@@ -15,6 +15,7 @@ import argparse
 import json
 from typing import Any
 
+TBT_SLO = {"tbt0.1": 0.1, "tbt0.5": 0.5, "hetero": 0.1875}  # what ``tail`` is judged against
 SHORT = {"accelgen": "AG", "ascendra": "AS", "sarathi": "SA", "vllm": "VL", "orca": "OR"}
 
 
@@ -24,15 +25,18 @@ def fmt(v: float | None, limit: bool = False) -> str:
     return f"{'≥' if limit else ''}{v:.2f}"
 
 
-def load(paths: list[str]) -> list[dict[str, Any]]:
+def load(paths: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The cells' summary rows and every setup's result, of all files."""
     rows: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for p in paths:
         with open(p) as f:
             d = json.load(f)
         for row in d["cells"]:
             row["_n"] = d["num_requests"]
             rows.append(row)
-    return rows
+        results += d["results"]
+    return rows, results
 
 
 def verdict(row: dict[str, Any]) -> tuple[bool | None, bool | None, bool | None]:
@@ -73,15 +77,48 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def seeds_table(rows: list[dict[str, Any]], criterion: str) -> str:
-    names = sorted({p for r in rows for p in r[criterion]["seeds"]})
-    lines = ["| cell | slack | " + " | ".join(names) + " | oracle |",
-             "|" + "---|" * (len(names) + 3)]
-    for r in rows:
-        c = r[criterion]
-        lines.append(f"| {r['cell']} | {fmt(c['ours'], c['ours_at_limit'])} | "
-                     + " | ".join(fmt(c["seeds"].get(n)) for n in names)
-                     + f" | {fmt(c.get('oracle'), c.get('oracle_at_limit', False))} |")
+def seeds_table(rows: list[dict[str, Any]], results: list[dict[str, Any]],
+                criterion: str) -> str:
+    names = sorted({r["policy"] for r in results} - {"slack"}, key=lambda n: (n == "oracle", n))
+    by = {(r["cell"], r["policy"]): r for r in results}
+    lines = ["| cell | slack | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+    for row in rows:
+        vals = []
+        for n in ["slack", *names]:
+            r = by.get((row["cell"], n))
+            vals.append("–" if r is None else fmt(r["capacity"][criterion],
+                                                  r["at_limit"][criterion]))
+        lines.append(f"| {row['cell']} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def at_tail_capacity(rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> str:
+    """What ours' ``tail`` capacity means: at that rate, the requests it dropped, its goodput
+    share, the median scheduling delay over all requests and the served TTFT P99."""
+    by = {(r["cell"], r["policy"]): r for r in results}
+    n_of = {row["cell"]: row["_n"] for row in rows}
+    lines = ["| cell | slack tail capacity | dropped there | goodput share there "
+             "| median sched. delay (all) | TTFT P99 (served) | best seed's tail "
+             "| slack: highest probe passing tail with ≤ 10 % dropped |", "|" + "---|" * 8]
+    for row in rows:
+        r = by.get((row["cell"], "slack"))
+        if r is None or r["capacity"]["tail"] is None:
+            continue
+        q = r["capacity"]["tail"]
+        p = r["probes"].get(str(round(q, 4)))
+        if p is None:
+            continue
+        slo = TBT_SLO[row["cell"].rsplit("/", 1)[1]]
+        n = n_of[row["cell"]]
+        modest = [float(k) for k, v in r["probes"].items()
+                  if v["dropped"] <= 0.1 * n and v["sched_delay_p50_all"] <= 2.0
+                  and (v["tbt_token_p99"] is None or v["tbt_token_p99"] <= slo)]
+        t = row["tail"]
+        lines.append(f"| {row['cell']} | {fmt(q, r['at_limit']['tail'])} "
+                     f"| {p['dropped'] / n:.1%} | {p['goodput_share']:.3f} "
+                     f"| {p['sched_delay_p50_all']:.3f} s | {p['ttft_p99']:.2f} s "
+                     f"| {fmt(t['best_seed'], t['seed_at_limit'])} "
+                     f"{SHORT.get(t['best_seed_policy'], '')} | {fmt(max(modest, default=None))} |")
     return "\n".join(lines)
 
 
@@ -129,14 +166,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("files", nargs="+")
     ap.add_argument("--png", default="")
     a = ap.parse_args(argv)
-    rows = load(a.files)
+    rows, results = load(a.files)
     print(table(rows))
+    print("\nours at its tail capacity:\n")
+    print(at_tail_capacity(rows, results))
     if any(r.get("goodput_fixed") for r in rows):
         print("\ngoodput share at fixed rates (heterogeneous cells):\n")
         print(fixed_table(rows))
     for c in ("goodput", "tail", "token"):
         print(f"\n{c}, every policy (req/s):\n")
-        print(seeds_table(rows, c))
+        print(seeds_table(rows, results, c))
     if a.png:
         plot(rows, a.png)
 

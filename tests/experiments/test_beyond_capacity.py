@@ -55,3 +55,19 @@ def test_hetero_goodput_target_scales_with_the_feasible_share() -> None:
     mod = load("beyond_capacity")
     assert mod.goodput_target("tbt0.1", 0.5) == 0.9
     assert mod.goodput_target("hetero", 0.5) == 0.45
+
+
+def test_hetero_cells_measure_goodput_at_fixed_rates(tmp_path: Path) -> None:
+    out = tmp_path / "h.json"
+    load("beyond_capacity").main([
+        "--num-requests", "30", "--jobs", "1", "--traces", "azure-code", "--instances", "1",
+        "--slos", "hetero", "--seeds", "vllm", "--refs", "", "--hetero-rates", "0.5,2",
+        "--qps-max-factor", "2", "--out", str(out)])
+    got = json.loads(out.read_text())
+    (cell,) = got["cells"]
+    assert cell["goodput"]["ours"] is None  # no capacity search on these cells
+    assert set(cell["goodput_fixed"]) == {"0.5", "2.0"}
+    for v in cell["goodput_fixed"].values():
+        assert v["best_seed_policy"] == "vllm" and 0 <= v["ours"] <= 1
+    assert 0 < got["feasible"][cell["cell"]]["share"] < 1
+    assert cell["bound"]["target"] == round(0.9 * got["feasible"][cell["cell"]]["share"], 4)
