@@ -373,3 +373,21 @@ def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]
         for sub in itertools.combinations(jobs, size):
             ends = run_ends(list(sub), 0.0)
             assert not all(e <= d for e, (d, _, _) in zip(ends, sub, strict=True))
+
+
+def test_a_deferred_decode_does_not_shrink_the_budget_of_on_time_prompts() -> None:
+    # "late" never could make its TTFT: deferred, prefilled in the background, now decoding
+    # with a 0.1 s TBT SLO. An on-time prompt then gets the whole budget, as with no decode.
+    i = inst(late="defer")
+    i.add_request(req("late", 100, ttft=0.001), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert chunk_of(plan, "late") == 100
+    i.complete(plan, 0.05)
+    i.add_request(req("p", 3000, arrival=0.05, ttft=2.0), 0.05)
+    plan, _, _ = i.schedule(0.05)
+    assert chunk_of(plan, "late") == 1 and chunk_of(plan, "p") == 3000
+    # an on-time decode in its place does limit it
+    j = with_decode(0.1, 0.0)
+    j.add_request(req("p", 3000, arrival=0.9, ttft=2.0), 1.0)
+    plan, _, _ = j.schedule(1.0)
+    assert chunk_of(plan, "p") < 3000

@@ -9,7 +9,10 @@ Each iteration, for one instance:
    from the perf model): a decode's slack is its next-token deadline (last
    token + its TBT SLO) minus now. The prefill tokens allowed are the most
    ``N`` whose batch — the decodes plus one prefill chunk of ``N`` — the perf
-   model predicts to take at most ``tbt_margin`` x the smallest slack. With no
+   model predicts to take at most ``tbt_margin`` x the smallest slack. Only
+   on-time decodes set it: a deferred request (4, below) has missed its SLO and
+   still gets a token every iteration, but its gaps do not shrink the budget of
+   requests that can still make theirs. With no
    decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
    prompts go in at once, as vLLM's prefill-first schedule does; the budget
    never falls below ``min_prefill_tokens`` so a prompt always progresses.
@@ -377,7 +380,9 @@ class SlackPolicy(Policy):
                 else late_prefills[0] if late_prefills
                 else self._late_heap[0][2] if self._late_heap else None)
         cap = cfg.max_num_batched_tokens
-        limit = tbt_limit(view, decodes, cfg.tbt_margin)
+        # the budget protects the TBT of on-time requests; a deferred one has missed its SLO
+        limit = tbt_limit(view, [r for r in decodes if r.request_id not in self._late_running]
+                          if self._late_running else decodes, cfg.tbt_margin)
         allowance = 0
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
