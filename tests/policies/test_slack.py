@@ -266,11 +266,21 @@ def test_triage_drops_a_request_the_load_made_late() -> None:
     assert len(plan.dropped) == 1 and plan.drop_reasons[plan.dropped[0]] == LATE_REASON
 
 
-def test_triage_drops_a_request_whose_latest_start_passed_while_it_waited() -> None:
+def test_triage_drops_a_request_whose_latest_start_passed_while_others_wait() -> None:
     i = inst(shed_window=0)
     i.add_request(req("w", 1000, ttft=0.5), 0.0)  # 0.21 s alone: could make it at first
+    i.add_request(req("other", 100, ttft=5.0), 0.0)
     plan, _, _ = i.schedule(0.4)  # 0.4 + 0.21 > 0.5: its latest start has passed
     assert plan.dropped == ["w"] and plan.drop_reasons["w"] == SHED_REASON
+
+
+def test_triage_defers_a_request_late_with_nobody_else_waiting() -> None:
+    # the same request alone in the queue: it only waited for the GPU, not for others, so
+    # it is served in the background rather than refused
+    i = inst(shed_window=0, late_chunk=256)
+    i.add_request(req("w", 1000, ttft=0.5), 0.0)
+    plan, _, _ = i.schedule(0.4)
+    assert plan.dropped == [] and chunk_of(plan, "w") == 256
 
 
 def test_defer_never_drops() -> None:

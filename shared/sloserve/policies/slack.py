@@ -46,20 +46,22 @@ Each iteration, for one instance:
    e. ongoing prefills continue first; a preempted request (already has tokens)
       goes before the fresh ones in the window.
 4. **Requests given up** (``late``). ``triage`` (default): a request that
-   never could make its TTFT — its prefill alone is predicted to outlast its
-   TTFT SLO, as for about half of AccelGen's heterogeneous mix — is *deferred*;
-   one that the load made late (its latest start passed while it waited, or
-   Moore-Hodgson gave it up) is *dropped* with a reason, Ascendra §6.3's drop
-   under overload: serving it late would take GPU time from requests that can
-   still make it. Deferred requests wait in a background queue, shortest
-   remaining prompt first (SPT: the least mean wait among them), and are
-   admitted only when no on-time request is held back, with the budget on-time
-   work leaves, in chunks of at most ``late_chunk`` and at most
-   ``late_max_running`` at once: at low load they are served at once, under
-   overload they cannot crowd out on-time work. ``defer`` defers every given-up
-   request (nothing refused; ~2 points less goodput share near capacity on
-   ShareGPT, docs/beyond.md), ``drop`` drops every one (refuses even requests
-   an idle GPU could serve late), ``serve`` gives up nothing (3b, 3c off).
+   the load made late — Moore-Hodgson gave it up for others, or its latest
+   start passed while other on-time requests wait — is *dropped* with a
+   reason, Ascendra §6.3's drop under overload: serving it late would take GPU
+   time from requests that can still make it. One that never could make its
+   TTFT (its prefill alone is predicted to outlast its TTFT SLO, as for about
+   half of AccelGen's heterogeneous mix), or that missed only by waiting for
+   the running iteration with nobody else queued, is *deferred*. Deferred
+   requests wait in a background queue, shortest remaining prompt first
+   (SPT: the least mean wait among them), and are admitted only when no
+   on-time request is held back, with the budget on-time work leaves, in
+   chunks of at most ``late_chunk`` and at most ``late_max_running`` at once:
+   at low load they are served at once, under overload they cannot crowd out
+   on-time work. ``defer`` defers every given-up request (nothing refused;
+   ~2 points less goodput share near capacity on ShareGPT, docs/beyond.md),
+   ``drop`` drops every one (refuses even requests an idle GPU could serve
+   late), ``serve`` gives up nothing (3b, 3c off).
    A request keeps its KV once admitted.
 
 Prefix caching: the prompt work a request still needs is read through
@@ -109,8 +111,8 @@ class SlackConfig(PolicyConfig):
         32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
     late: str = knob(
         "triage", "slack: what happens to a waiting request that can no longer meet its "
-        "TTFT, or that Moore-Hodgson gives up: 'triage' defers it if it never could (its "
-        "prefill alone outlasts its TTFT SLO) and drops it if the load made it late; "
+        "TTFT, or that Moore-Hodgson gives up: 'triage' drops it if the load made it late "
+        "(given up for others, or late while others wait) and defers it otherwise; "
         "'defer' serves every such request from a background queue (shortest prompt "
         "first) with what on-time work leaves; 'drop' ends every one with a reason; "
         "'serve' gives up nothing", choices=LATE_MODES)
@@ -290,13 +292,16 @@ class SlackPolicy(Policy):
         del self._start_by[req.request_id]
 
     def _give_up(self, b: BatchBuilder, req: Request, hopeless: bool) -> None:
-        """``req`` cannot (or, by Moore-Hodgson, should not) meet its TTFT: defer or drop it
-        (``triage``: defer it if it never could, i.e. its prefill alone is predicted to
-        take longer than its TTFT SLO; drop it if the load made it late)."""
-        impossible = self._start_by[req.request_id] < req.arrival_time
+        """``req`` cannot (``hopeless``) or, by Moore-Hodgson, should not meet its TTFT: defer
+        or drop it. ``triage`` drops it only if the load made it late — Moore-Hodgson gave it
+        up for others, or it is hopeless while other on-time requests wait — and defers it
+        otherwise: it never could (its prefill alone is predicted to outlast its TTFT SLO),
+        or it missed by waiting for a running iteration with nobody else in the queue."""
+        contended = not hopeless or len(self._queued) > 1
+        never = self._start_by[req.request_id] < req.arrival_time
         self._unqueue(req)
         mode = self.config.late
-        if mode == "defer" or (mode == "triage" and impossible):
+        if mode == "defer" or (mode == "triage" and (never or not contended)):
             self._late.add(req.request_id)
             heapq.heappush(self._late_heap, (prompt_work(req), next(self._seq), req))
         else:
