@@ -24,9 +24,11 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sloserve.admission import Admission
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
 from sloserve.policies.flags import config_to_argv
+from sloserve.services import admission_flags
 from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
 from sloserve.services.executor.backends import BACKENDS, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
@@ -70,6 +72,7 @@ class StackConfig:
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
     prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, vllm, sim)
+    admission: Admission | None = Admission()  # every scheduler's limits; None: queue all
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
@@ -199,6 +202,7 @@ class Stack:
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
                 *(["--prefix-caching"] if c.prefix_caching else []),
+                *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,

@@ -26,6 +26,7 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
+from sloserve.services import admission_flags
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.executor.backends import VLLM
 from sloserve.services.preflight import check_up
@@ -75,6 +76,7 @@ def add_parser(subparsers: Any) -> None:
                    help="restart a live service whose health check fails this long, s "
                         f"(default {UNHEALTHY_S:.0f}; torch/vllm {UNHEALTHY_REAL_S:.0f}: their "
                         "executors compute on the event loop, a long batch delays the answer)")
+    admission_flags.add_flags(p)
     add_policy_flags(p)
 
 
@@ -92,6 +94,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         enforce_eager=args.enforce_eager,
         api_key_file=args.api_key_file,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
+        admission=admission_flags.limits_from_args(args),
     )
     cfg.validate()
     return cfg

@@ -31,7 +31,7 @@ from sloserve.admission import Admission, refusal
 from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
-from sloserve.services import obs
+from sloserve.services import admission_flags, obs
 from sloserve.services.convert import TableDeltas, request_of, state_to_proto
 from sloserve.services.perfmodel.coefficients import Published
 from sloserve.services.proto import (
@@ -278,6 +278,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             idle=self.waiting_for_wake and not self.wake.is_set(),
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
+            admission=admission_flags.to_json(self.admission),
         )
 
 
