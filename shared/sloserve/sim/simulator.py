@@ -232,8 +232,10 @@ class Simulation:
         req = self.requests[action.request_id]
         if isinstance(action, Dispatch):
             k = self.index[action.instance_id]
-            if isinstance(self.in_flight[k], SteadyRun):
-                self._settle(k)  # the instance is looked at (and changed): written back first
+            run = self.in_flight[k]
+            if isinstance(run, SteadyRun):  # it is looked at and changed: written back first,
+                run.write_back()  # and its iteration in flight is its last steady one
+                run.stop = True
             limits = self.admission
             if (limits is not None and action.cause in ("route", "ticket")
                     and refusal(self.instances[k], req, now, limits) is not None):

@@ -27,11 +27,13 @@ DecodeTime = Callable[[int, int], float]  # (decodes, context sum) -> measured b
 
 
 class SteadyRun:
-    """One instance's steady iterations since ``begin``; ``started`` of them began,
-    ``len(ends)`` ended (one more is in flight until ``settle``)."""
+    """One instance's steady iterations since ``begin``: ``started`` of them began,
+    ``len(ends)`` ended (one more is in flight until ``settle``); ``done`` of them are
+    written back into the requests and ``allocated`` into the KV blocks."""
 
     __slots__ = ("inst", "reqs", "contexts", "n", "context_sum", "last", "counts", "bs",
-                 "num_blocks", "free", "started", "ends", "start", "decode_time")
+                 "num_blocks", "free", "started", "ends", "start", "decode_time", "done",
+                 "allocated", "stop")
 
     def __init__(self, inst: Instance, reqs: list[Request], last: int,
                  decode_time: DecodeTime) -> None:
@@ -45,9 +47,10 @@ class SteadyRun:
         for c in self.contexts:
             counts[c % self.bs] += 1
         self.counts = counts
-        self.started = 0
+        self.started = self.done = self.allocated = 0
         self.ends: list[float] = []
         self.start = 0.0
+        self.stop = False  # no iteration after the one in flight (a request was dispatched)
 
     @classmethod
     def begin(cls, inst: Instance, limit: int, now: float,
@@ -70,9 +73,9 @@ class SteadyRun:
 
     def next_end(self, now: float) -> float | None:
         """Start the next iteration at ``now`` if it is steady (no request ended before it,
-        KV has its blocks): its end; else None, and nothing starts."""
+        nothing was dispatched, KV has its blocks): its end; else None, nothing starts."""
         j = self.started
-        if j >= self.last:
+        if j >= self.last or self.stop:
             return None
         need = self.counts[-j % self.bs]  # contexts c + j at a block boundary
         if need > self.free:
@@ -82,29 +85,37 @@ class SteadyRun:
         self.start = now
         return now + self.decode_time(self.n, self.context_sum + self.n * j)
 
+    def write_back(self) -> None:
+        """Write the run into the instance as the iterations would have, one by one: the
+        KV blocks of every started iteration (in ``Instance.schedule``'s order), the
+        progress and token times of every ended one. The one in flight stays in flight."""
+        bs, lo, hi = self.bs, self.allocated, self.started
+        if hi > lo:  # iteration a+1 (contexts c + a) takes a block where c + a = 0 mod bs
+            grow = sorted([(a, i) for i, c in enumerate(self.contexts)
+                           for a in range(lo + (-c - lo) % bs, hi, bs)])
+            if grow:
+                reqs = self.reqs
+                self.inst.kv.grow_each([reqs[i].request_id for _, i in grow])
+            self.allocated = hi
+        assert self.inst.kv.num_free_blocks == self.free, "steady run: KV accounting diverged"
+        m, done = len(self.ends), self.done
+        if m > done:
+            ends = self.ends[done:]
+            for r, c in zip(self.reqs, self.contexts):
+                r.num_computed = c + m
+                r.num_generated += m - done
+                r.token_times.extend(ends)
+            self.done = m
+
     def shape_of(self, offset: int) -> BatchShape:
         """The batch shape of the iteration whose contexts are ``offset`` past the first's."""
         return BatchShape((), tuple([c + offset for c in self.contexts]))
 
     def settle(self) -> tuple[BatchPlan, BatchShape] | None:
-        """Write the run into the instance, as the iterations would have one by one: KV
-        blocks of every started iteration (in ``Instance.schedule``'s order), progress and
-        token times of every ended one. Returns the plan and shape still in flight (the
-        last started iteration, if it has not ended), else None."""
-        kv, bs, m = self.inst.kv, self.bs, len(self.ends)
-        due: dict[int, list[tuple[str, int]]] = {}  # context residue -> (request, context)
-        for r, c in zip(self.reqs, self.contexts):
-            due.setdefault(c % bs, []).append((r.request_id, c))
-        for j in range(self.started):  # iteration j+1: contexts c + j
-            for rid, c in due.get(-j % bs, ()):
-                kv.allocate(rid, c + j + 1)
-        assert kv.num_free_blocks == self.free, "steady run: KV accounting diverged"
-        if m:
-            ends = self.ends
-            for r, c in zip(self.reqs, self.contexts):
-                r.num_computed = c + m
-                r.num_generated += m
-                r.token_times.extend(ends)
+        """``write_back``, the run over: the plan and shape still in flight (the last
+        started iteration, if it has not ended), else None."""
+        self.write_back()
+        m = len(self.ends)
         if self.started == m:
             return None
         items = [ScheduledItem(r.request_id, 1, c + m, False)
