@@ -174,6 +174,7 @@ class Simulation:
         # steady runs (sim.steady): most decodes each instance's policy promises a plan for
         self._decode_time: DecodeTime | None = getattr(self.timing, "decode_batch_time", None)
         self._steady_limit = [self._steady_limit_of(k) for k in range(len(self.instances))]
+        self.num_steady = 0  # iterations started in steady runs (no policy call), at run ends
         # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
         # constant-size summary in chunks and released (sloserve.sketch)
         self.stream: RunSummary | None = None
@@ -311,6 +312,7 @@ class Simulation:
         assert isinstance(run, SteadyRun)
         self.in_flight[k] = run.settle()
         self.batch_start[k] = run.start
+        self.num_steady += run.started
 
     def _finish_steady(self, k: int, run: SteadyRun, now: float) -> None:
         """A steady iteration that ends no request ended: what ``_finish_batch`` does for
