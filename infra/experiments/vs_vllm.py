@@ -50,6 +50,7 @@ import httpx
 
 from sloserve.batch import BatchShape
 from sloserve.metrics import meets
+from sloserve.policies import get_spec
 from sloserve.services.store import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -331,8 +332,10 @@ def start_sloserve(arm: str, backend: str, slo: dict[str, Any], logs: Path) -> S
             "--model", MODEL, "--gpu", "cpu", "--dtype", slo["dtype"], "--policy", policy,
             "--port", str(port), "--redis-url", REDIS_URL,
             "--prefix", f"vsvllm:{policy}:{os.getpid()}",
-            # slack has no fixed budget: it sizes each iteration from the tightest TBT slack
-            *([] if policy == "slack" else ["--token-budget", str(slo["token_budget"])]),
+            # a policy without a fixed budget (slack sizes each iteration from the tightest
+            # TBT slack) has no --token-budget knob
+            *(["--token-budget", str(slo["token_budget"])]
+              if "token_budget" in get_spec(policy).knobs() else []),
             "--ttft-slo", str(slo["ttft_slo"]),
             "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm), *extra]
     srv = Server(argv, {"OMP_NUM_THREADS": str(THREADS)}, logs / f"{arm}.log")
