@@ -132,6 +132,11 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             plan, skipped = _skip_stopped(plan, stopped)
             step = self.backend.execute(plan)
             stopped |= step.stopped
+            for seq in plan.added:  # debug: a request's id across the services' logs
+                self.log.debug("sequence_added", request_id=seq.request_id,
+                               tokens=len(seq.prompt_token_ids) + len(seq.generated_token_ids))
+            for rid in step.stopped:
+                self.log.debug("sequence_stopped", request_id=rid)
             # the reply is built while the batch runs (sim: before its wait), so only
             # the send is left once the batch is done
             result = executor_pb2.IterationResult(
