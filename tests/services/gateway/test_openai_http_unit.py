@@ -104,3 +104,21 @@ def test_unknown_routes_wrong_methods_and_bugs_answer_openai_error_json() -> Non
         assert set(err) == {"message", "type", "param", "code"}, err
     assert err["type"] == "server_error" and "RuntimeError" in err["message"]
     assert "a bug" in svc.logged[0]["error"]
+
+
+def test_top_k_minus_one_is_vllms_off_over_grpc_too() -> None:
+    """The SDK and raw gRPC take vLLM's ``top_k=-1`` (off) as HTTP does: the backends get
+    0; below -1 is refused naming the field."""
+    from sloserve.client.client import sampling
+    from sloserve.services.gateway.validate import InvalidInput, request_spec
+    from sloserve.services.proto import gateway_pb2
+
+    limits = Limits(max_tokens_total=64, vocab_size=256)
+
+    def spec(top_k: int) -> int:
+        r = gateway_pb2.GenerateRequest(max_tokens=4, sampling=sampling(top_k=top_k))
+        return request_spec(r, [1, 2], limits, {}, 0.0).sampling.top_k
+
+    assert (spec(-1), spec(0), spec(5)) == (0, 0, 5)
+    with pytest.raises(InvalidInput, match="sampling.top_k: must be >= -1"):
+        spec(-2)
