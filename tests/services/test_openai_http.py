@@ -147,6 +147,18 @@ def test_metrics_show_vllm_families_with_counts_after_requests(stack: Stack) -> 
                    "sloserve:perf_model_relative_error_count"):
         assert f"{family}{label}" in text, family
     assert f"vllm:request_queue_time_seconds_count{label} 3.0" in text
+    # the executor its batches, the perf-model service its fits (the warmup sweep's, at least)
+    ex = next(s for n, s in stack.services.items() if n.startswith("executor"))
+    text = httpx.get(f"http://{ex.metrics}/metrics").text
+    for family in ("vllm:iteration_tokens_total_count", "sloserve:batch_execution_seconds_count"):
+        assert f"{family}{label}" in text and f"{family}{label} 0.0" not in text, family
+    perf = stack.services["perfmodel"]
+    deadline = time.monotonic() + 10
+    while f"sloserve:perf_model_refits_total{label}" not in (
+            text := httpx.get(f"http://{perf.metrics}/metrics").text):
+        assert time.monotonic() < deadline, "no refit counted"
+        time.sleep(0.2)
+    assert f"sloserve:perf_model_fit_mape{label}" in text
 
 
 def test_models_and_health(stack: Stack) -> None:
