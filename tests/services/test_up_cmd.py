@@ -159,3 +159,19 @@ def test_up_prints_the_log_tail_of_a_service_that_dies_at_start(tmp_path: Path) 
     assert done.returncode == 1, done.stderr
     assert "executor-lp0 exited with code 1 at start; last" in done.stderr, done.stderr
     assert f"  | ValueError: {bad}: not a readable GGUF file" in done.stderr, done.stderr
+
+
+def test_torch_stacks_wait_for_the_model_load_as_vllm_stacks_do() -> None:
+    """A torch executor loads its weights before it answers (past a minute on a busy
+    machine): its scheduler and the gateway wait as long as ``up`` does, not 60 s."""
+    from sloserve.services.stack import TORCH_START_S, Stack, StackConfig, start_budget
+
+    assert start_budget("sim") == 60.0 and start_budget("torch") == TORCH_START_S > 60
+    stack = Stack(StackConfig(backend="torch", model="smollm2-135m", gpu="cpu"))
+    stack.plan()
+    for name in ("scheduler-lp0", "gateway"):
+        argv = stack.services[name].argv
+        assert argv[argv.index("--connect-timeout") + 1] == str(TORCH_START_S), name
+    sim = Stack(StackConfig())
+    sim.plan()
+    assert "--connect-timeout" not in sim.services["gateway"].argv
