@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from sloserve.controller import DROP_BY_POLICY
+
 M = ["model_name"]
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -50,7 +52,9 @@ SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO outcom
 GOODPUT_TOKENS = Counter("sloserve:goodput_tokens", "Output tokens of requests that met "
                          "every SLO (rate(): goodput)", M)
 OFFLOADS = Counter("sloserve:offloads", "Requests moved to another instance", M)
-DROPS = Counter("sloserve:requests_dropped", "Requests dropped under overload", M + ["reason"])
+DROPS = Counter("sloserve:requests_dropped", "Requests dropped under overload, by the kind of "
+                "reason (drop_label; the whole reason is in the request's log line)",
+                M + ["reason"])
 DECISION_TIME = Histogram(
     "sloserve:policy_decision_seconds", "The policy's scheduling decision (Instance.schedule)",
     M, buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2))
@@ -63,3 +67,18 @@ PERF_FIT_MAPE = Gauge("sloserve:perf_model_fit_mape", "The latest fit's mean abs
 PERF_ERROR = Histogram(
     "sloserve:perf_model_relative_error", "|predicted - measured| / measured batch time",
     M, buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
+
+
+def drop_label(reason: str) -> str:
+    """A drop reason's ``reason`` label: its kind, never its numbers (one series per kind,
+    not per predicted TTFT). ``shed: predicted TTFT 1.1s ...`` is ``shed``, ``slack: ...``
+    ``slack``, the controller's overload drop ``policy``, vLLM's too-long prompt
+    ``prompt_too_long``, a refused field ``field: ...`` that field; else ``other``."""
+    if reason == DROP_BY_POLICY:
+        return "policy"
+    if reason.startswith("Input prompt ("):  # vLLM's words (policies/vllm.py)
+        return "prompt_too_long"
+    kind, sep, _ = reason.partition(":")
+    if sep and kind and len(kind) <= 32 and kind.replace("_", "").replace(".", "").isalnum():
+        return kind
+    return "other"

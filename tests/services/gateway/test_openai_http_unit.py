@@ -122,3 +122,17 @@ def test_top_k_minus_one_is_vllms_off_over_grpc_too() -> None:
     assert (spec(-1), spec(0), spec(5)) == (0, 0, 5)
     with pytest.raises(InvalidInput, match="sampling.top_k: must be >= -1"):
         spec(-2)
+
+
+def test_drop_reasons_are_labelled_by_their_kind_never_their_numbers() -> None:
+    from sloserve.controller import DROP_BY_POLICY
+    from sloserve.policies.slack import LATE_REASON
+    from sloserve.services.metrics import drop_label
+
+    assert drop_label("shed: predicted TTFT 1.138s on lp0 exceeds the TTFT SLO 1.000s") == "shed"
+    assert drop_label("shed: lp0 has 12 requests queued") == "shed"
+    assert drop_label(LATE_REASON) == "slack"
+    assert drop_label(DROP_BY_POLICY) == "policy"
+    assert drop_label("Input prompt (9000 tokens) is too long and exceeds limit of 8192") \
+        == "prompt_too_long"
+    assert drop_label("something else (3 of them)") == "other"
