@@ -251,6 +251,11 @@ def test_admission_shedding_at_the_door_is_429_over_http(
             break
         time.sleep(0.05)
     assert len(why) == statuses.count(429) and all(w.startswith(SHED_PREFIX) for w in why), why
+    values = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
+              if ln.startswith("sloserve:slo_requests_total")}
+    slo = 'sloserve:slo_requests_total{{model_name="{}",slo_met="{}"}}'
+    assert sum(values.values()) == len(answers)  # attainment = met / all: drops count, unmet
+    assert values[slo.format(MODEL, "false")] >= statuses.count(429)
 
 
 def test_no_scheduler_connected_is_503_until_it_is_back(stack: Stack) -> None:

@@ -97,6 +97,8 @@ class Timeline:
             metrics.SLO_REQUESTS.labels(m, str(met).lower()).inc()
             if met:
                 metrics.GOODPUT_TOKENS.labels(m).inc(n)
+        elif finish_reason == "dropped":  # attainment is met / all, as summarize counts it:
+            metrics.SLO_REQUESTS.labels(m, "false").inc()  # a drop never meets its SLOs
         log.info("request", request_id=spec.request_id, instance=instance, policy=policy,
                  prompt_tokens=self.prompt_tokens, output_tokens=n,
                  ttft_s=_r(self.ttft), mean_tbt_s=_r(self.mean_tbt), slo_met=met,
