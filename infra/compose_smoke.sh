@@ -13,8 +13,10 @@ export SLOSERVE_REDIS_PASSWORD=$(python -c "import secrets; print(secrets.token_
 export SLOSERVE_INTERNAL_TOKEN=$(python -c "import secrets; print(secrets.token_hex(32))")
 export SLOSERVE_API_KEYS=smoke-$(python -c "import secrets; print(secrets.token_hex(8))")
 export SLOSERVE_API_KEY=$SLOSERVE_API_KEYS  # the bench client's key
-export SLOSERVE_GATEWAY_PORT=${SLOSERVE_GATEWAY_PORT:-$(python -c \
-  "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")}
+free_port() { python -c \
+  "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
+export SLOSERVE_GATEWAY_PORT=${SLOSERVE_GATEWAY_PORT:-$(free_port)}
+export SLOSERVE_HTTP_PORT=${SLOSERVE_HTTP_PORT:-$(free_port)}
 compose() { docker compose -p "$project" "$@"; }
 trap 'compose logs --no-color --tail 20 >&2 || true; compose down -v --remove-orphans' ERR
 trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
@@ -31,6 +33,16 @@ sloserve_bench --target "127.0.0.1:$SLOSERVE_GATEWAY_PORT" --trace sharegpt --qp
   --num-requests 100 --seed 0 --disable-tqdm --goodput ttft:1000 tpot:150 \
   --result-file "$result"
 t_bench=$(date +%s)
+# the OpenAI API too: one chat through the official client, with the API key
+python - "http://127.0.0.1:$SLOSERVE_HTTP_PORT/v1" <<'PY'
+import os, sys
+from openai import OpenAI
+client = OpenAI(base_url=sys.argv[1], api_key=os.environ["SLOSERVE_API_KEY"], max_retries=0)
+r = client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=4,
+                                   messages=[{"role": "user", "content": "hi"}])
+assert r.usage is not None and r.usage.completion_tokens == 4, r
+print(f"smoke: openai chat ok, usage {r.usage.prompt_tokens}+{r.usage.completion_tokens}")
+PY
 python - "$result" <<'PY'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]

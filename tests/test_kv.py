@@ -59,3 +59,29 @@ def test_bad_sizes_are_rejected_with_the_field_named() -> None:
         BlockManager(0)
     with pytest.raises(ValueError, match="block_size"):
         BlockManager(4, 0)
+
+
+def test_grow_each_is_allocate_one_block_per_request_in_order() -> None:
+    a, b = BlockManager(10, 4), BlockManager(10, 4)
+    for kv in (a, b):
+        kv.allocate("x", 4)
+        kv.allocate("y", 8)
+    a.grow_each(["y", "x", "y"])
+    for rid, tokens in (("y", 9), ("x", 5), ("y", 13)):
+        b.allocate(rid, tokens)
+    assert a.block_table("x") == b.block_table("x") and a.block_table("y") == b.block_table("y")
+    assert a.num_free_blocks == b.num_free_blocks == 4
+    with pytest.raises(MemoryError):
+        a.grow_each(["x"] * 5)
+    assert a.num_free_blocks == 4  # nothing taken
+
+
+def test_grow_each_of_the_prefix_caching_manager_goes_through_allocate() -> None:
+    from sloserve.kv_prefix import PrefixCachingBlockManager
+
+    a, b = PrefixCachingBlockManager(10, 4), PrefixCachingBlockManager(10, 4)
+    for kv in (a, b):
+        kv.allocate("x", 4)
+    a.grow_each(["x", "x"])
+    b.allocate("x", 12)
+    assert a.block_table("x") == b.block_table("x") and a.num_free_blocks == b.num_free_blocks

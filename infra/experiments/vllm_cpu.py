@@ -13,6 +13,17 @@
 Prints and writes (``--out``) TTFT/TBT P50/P99 of both sides and their ratio.
 
     python infra/experiments/vllm_cpu.py --qps 0.1 --num-requests 40
+
+Issue 14's table on the vLLM backend (``--loads``): the simulated goodput capacity
+of the deployment (``sloserve capacity --timing-profile``, the measured profile as
+ground truth), then one stack serving ``--loads`` x capacity in turn (a warm-up at
+the first load, not measured), each simulated as the live stack runs it (admission
+on, overlap scheduling), and live vs sim per load:
+
+    python infra/experiments/vllm_cpu.py --loads 0.5 0.7 0.9 --dtype float32 \
+        --token-budget 64 --ttft-slo 4.9646 --tbt-slo 0.7447 --num-requests 64 \
+        --profile infra/experiments/data/smollm2_vllm_cpu_f32_profile_wall.json \
+        --out docs/results/live_vs_sim_vllm.json
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ PROFILE = DATA / "smollm2_vllm_cpu_profile_wall.json"
 OUT = ROOT / "docs/results/vllm_cpu.json"
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 KEYS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99", "throughput_tok_s")
+METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 
 
 def run(cmd: list[str]) -> str:
@@ -42,10 +54,73 @@ def run(cmd: list[str]) -> str:
     return res.stdout
 
 
-def workload(args: argparse.Namespace) -> list[str]:
-    return ["--trace-file", str(TRACE), "--qps", f"{args.qps:g}",
+def workload(args: argparse.Namespace, qps: float | None = None) -> list[str]:
+    return ["--trace-file", str(TRACE), "--qps", f"{args.qps if qps is None else qps:g}",
             "--num-requests", str(args.num_requests), "--ttft-slo", str(args.ttft_slo),
             "--tbt-slo", str(args.tbt_slo), "--seed", "0", "--json"]
+
+
+def sim_flags(args: argparse.Namespace) -> list[str]:
+    """``simulate``/``capacity`` flags for the deployment ``up`` runs."""
+    return ["--policy", args.policy, "--model", "smollm2-135m", "--gpu", "cpu",
+            "--timing-profile", str(args.profile), "--token-budget", str(args.token_budget)]
+
+
+def start_up(args: argparse.Namespace) -> subprocess.Popen[str]:
+    up = subprocess.Popen(
+        ["sloserve", "up", "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
+         "--policy", args.policy, "--token-budget", str(args.token_budget),
+         "--port", str(args.port), "--redis-url", REDIS_URL, "--http-port", "0",
+         "--ttft-slo", str(args.ttft_slo), "--tbt-slo", str(args.tbt_slo),
+         *(["--dtype", args.dtype] if args.dtype else [])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert up.stdout is not None
+    for line in up.stdout:
+        if line.startswith("gateway ready"):
+            break
+    else:
+        raise SystemExit(f"sloserve up exited: {up.wait()}")
+    time.sleep(5.0)  # the executor's warm-up sweep publishes before plans run
+    return up
+
+
+def loads(args: argparse.Namespace) -> int:
+    """Live vs sim at ``args.loads`` x the simulated goodput capacity, one stack."""
+    cap = json.loads(run(["sloserve", "capacity", *sim_flags(args), "--admission", "--overlap",
+                          "--criterion", "goodput", "--target", "0.9",
+                          *workload(args)[:-1], "--json"]))
+    capacity = float(cap["capacity_qps"])
+    print(f"simulated goodput capacity {capacity:.3f} req/s", flush=True)
+    rows: list[dict[str, Any]] = []
+    up = start_up(args)
+    try:
+        run(["sloserve", "bench", "--target", f"127.0.0.1:{args.port}",
+             *workload(args, args.loads[0] * capacity), "--prompt-salt", "warmup"])
+        for x in args.loads:
+            qps = round(x * capacity, 4)
+            before = os.getloadavg()
+            live = json.loads(run(["sloserve", "bench", "--target", f"127.0.0.1:{args.port}",
+                                   *workload(args, qps)]))
+            after = os.getloadavg()
+            sim = json.loads(run(["sloserve", "simulate", *sim_flags(args), "--admission",
+                                  "--overlap", *workload(args, qps)]))
+            cells = {k: {"live": live[k], "sim": sim[k],
+                         "diff": (live[k] - sim[k]) / sim[k] if sim[k] else None}
+                     for k in METRICS}
+            rows.append({"load": x, "qps": qps, "loadavg_before": before,
+                         "loadavg_after": after, "metrics": cells,
+                         "live_completed": live["completed"], "sim_completed": sim["completed"],
+                         "live": live, "sim": sim})
+            print(f"{x:g} x ({qps:g} req/s): " + ", ".join(
+                f"{k} {c['live']:.3f}/{c['sim']:.3f} ({c['diff']:+.1%})"
+                for k, c in cells.items()), flush=True)
+    finally:
+        up.terminate()
+        up.wait(timeout=60)
+    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": cap,
+           "capacity_qps": capacity, "rows": rows}
+    args.out.write_text(json.dumps(doc, indent=1) + "\n")
+    return 0
 
 
 def pick(d: dict[str, Any]) -> dict[str, Any]:
@@ -71,27 +146,21 @@ def main() -> int:
     ap.add_argument("--profile", type=Path, default=PROFILE)
     ap.add_argument("--repeats", type=int, default=2, help="profile: timings per shape")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--dtype", default=None, help="profile and up (default: the backend's)")
+    ap.add_argument("--loads", nargs="+", type=float, default=None,
+                    help="fractions of the simulated goodput capacity (issue 14's table)")
     args = ap.parse_args()
     prof: dict[str, Any] | None = None
     if not args.profile.exists():
         prof = json.loads(run(["sloserve", "profile", "--backend", "vllm", "--model",
                                "smollm2-135m", "--clock", "wall", "--repeats",
-                               str(args.repeats), "--json", "--out", str(args.profile)]))
+                               str(args.repeats), *(["--dtype", args.dtype] if args.dtype else []),
+                               "--json", "--out", str(args.profile)]))
         print("profile:", json.dumps(prof), flush=True)
-    up = subprocess.Popen(
-        ["sloserve", "up", "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
-         "--policy", args.policy, "--token-budget", str(args.token_budget),
-         "--port", str(args.port), "--redis-url", REDIS_URL,
-         "--ttft-slo", str(args.ttft_slo), "--tbt-slo", str(args.tbt_slo)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if args.loads:
+        return loads(args)
+    up = start_up(args)
     try:
-        assert up.stdout is not None
-        for line in up.stdout:
-            if line.startswith("gateway ready"):
-                break
-        else:
-            raise SystemExit(f"sloserve up exited: {up.wait()}")
-        time.sleep(5.0)  # the executor's warm-up sweep publishes before plans run
         start = time.time()
         live = json.loads(run(["sloserve", "bench", "--target", f"127.0.0.1:{args.port}",
                                *workload(args)]))
@@ -99,9 +168,7 @@ def main() -> int:
     finally:
         up.terminate()
         up.wait(timeout=30)
-    sim = json.loads(run(["sloserve", "simulate", "--policy", args.policy, "--model",
-                          "smollm2-135m", "--gpu", "cpu", "--timing-profile", str(args.profile),
-                          "--token-budget", str(args.token_budget), *workload(args)]))
+    sim = json.loads(run(["sloserve", "simulate", *sim_flags(args), *workload(args)]))
     lf, sf = pick(live), pick(sim)
     rows = {k: {"live": lf.get(k), "sim": sf.get(k),
                 "live_over_sim": (lf[k] / sf[k]) if lf.get(k) and sf.get(k) else None}

@@ -50,6 +50,7 @@ import httpx
 
 from sloserve.batch import BatchShape
 from sloserve.metrics import meets
+from sloserve.policies import get_spec
 from sloserve.services.store import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -66,7 +67,13 @@ STOCK = {
                            "--max-num-seqs", "{budget}"],
 }
 POLICIES = ("vllm", "sarathi", "accelgen", "slack")  # slack: docs/beyond.md, "Our policy"
-ARMS = (*STOCK, *(f"sloserve-{p}" for p in POLICIES))
+# our arms as the stack ships (admission control on) and variants with `up` flags
+VARIANTS = {f"sloserve-{p}": (p, []) for p in POLICIES} | {
+    # Sarathi-Serve as the paper has it: every request queued, none shed at the door
+    "sloserve-sarathi-noshed": ("sarathi", ["--no-shed-late"]),
+}
+ARMS = (*STOCK, *VARIANTS)
+SARATHI_ARMS = ("sloserve-sarathi", "sloserve-sarathi-noshed")
 CRITERIA = ("goodput", "tail_p99", "token")
 START_S = 900.0
 # torch threads of our executor (and of the calibration): stock vLLM on CPU serves with one
@@ -319,16 +326,18 @@ def start_stock(arm: str, model_dir: Path, slo: dict[str, Any], logs: Path) -> S
 
 
 def start_sloserve(arm: str, backend: str, slo: dict[str, Any], logs: Path) -> Server:
-    policy = arm.removeprefix("sloserve-")
+    policy, extra = VARIANTS[arm]
     port = free_port("127.0.0.1")
     argv = [sys.executable, "-m", "sloserve.services.cli", "up", "--backend", backend,
             "--model", MODEL, "--gpu", "cpu", "--dtype", slo["dtype"], "--policy", policy,
             "--port", str(port), "--redis-url", REDIS_URL,
             "--prefix", f"vsvllm:{policy}:{os.getpid()}",
-            # slack has no fixed budget: it sizes each iteration from the tightest TBT slack
-            *([] if policy == "slack" else ["--token-budget", str(slo["token_budget"])]),
+            # a policy without a fixed budget (slack sizes each iteration from the tightest
+            # TBT slack) has no --token-budget knob
+            *(["--token-budget", str(slo["token_budget"])]
+              if "token_budget" in get_spec(policy).knobs() else []),
             "--ttft-slo", str(slo["ttft_slo"]),
-            "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm)]
+            "--tbt-slo", str(slo["tbt_slo"]), "--log-dir", str(logs / arm), *extra]
     srv = Server(argv, {"OMP_NUM_THREADS": str(THREADS)}, logs / f"{arm}.log")
     srv.target = f"127.0.0.1:{port}"
     log = Path(srv.log.name)
@@ -463,13 +472,15 @@ def acceptance(arms: dict[str, Any]) -> dict[str, Any]:
         out["goodput"] = {"ours": best_ours, "ours_qps": q_o, "ours_lower_bound": lim_o,
                           "stock": best_stock, "stock_qps": q_s, "stock_lower_bound": lim_s,
                           "met": met}
-    if "sloserve-sarathi" in arms and "vllm-serve-nochunk" in arms:
-        (q_o, lim_o), (q_s, lim_s) = cap("sloserve-sarathi", "tail_p99"), cap(
+    sarathi = [a for a in SARATHI_ARMS if a in arms]
+    if sarathi and "vllm-serve-nochunk" in arms:
+        best_sarathi = max(sarathi, key=lambda a: cap(a, "tail_p99")[0])
+        (q_o, lim_o), (q_s, lim_s) = cap(best_sarathi, "tail_p99"), cap(
             "vllm-serve-nochunk", "tail_p99")
         tail_met: bool | None = q_o >= 2 * q_s if q_s > 0 else q_o > 0
         if lim_s:
             tail_met = None if lim_o else False
-        out["tail"] = {"sarathi_qps": q_o, "sarathi_lower_bound": lim_o,
+        out["tail"] = {"sarathi": best_sarathi, "sarathi_qps": q_o, "sarathi_lower_bound": lim_o,
                        "stock_nochunk_qps": q_s, "stock_nochunk_lower_bound": lim_s,
                        "ratio": q_o / q_s if q_s else None, "met": tail_met}
     return out

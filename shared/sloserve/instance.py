@@ -48,6 +48,11 @@ class Instance:
         self.num_preemptions = 0
         self._batch_end_hook = type(policy).on_batch_end is not Policy.on_batch_end
 
+    @property
+    def has_batch_end_hook(self) -> bool:
+        """Whether the policy acts after each iteration (``Policy.on_batch_end``)."""
+        return self._batch_end_hook
+
     # --- queries ---------------------------------------------------------
     @property
     def has_work(self) -> bool:

@@ -66,6 +66,16 @@ class BlockManager:
         self._tables.setdefault(request_id, []).extend(new)
         return new
 
+    def grow_each(self, request_ids: list[str]) -> None:
+        """One more block for each of ``request_ids``, in order (decodes that each crossed a
+        block boundary: ``allocate(rid, c + 1)`` with ``c`` a multiple of the block size)."""
+        if len(request_ids) > len(self._free):
+            raise MemoryError(f"kv: {len(request_ids)} blocks needed, "
+                              f"only {len(self._free)} free")
+        pop, tables = self._free.pop, self._tables
+        for rid in request_ids:
+            tables[rid].append(pop())
+
     def free(self, request_id: str) -> int:
         blocks = self._tables.pop(request_id, [])
         self._free.extend(reversed(blocks))

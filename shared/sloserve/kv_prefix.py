@@ -130,6 +130,10 @@ class PrefixCachingBlockManager(BlockManager):
         self._tables.setdefault(request_id, []).extend(new)
         return new
 
+    def grow_each(self, request_ids: list[str]) -> None:
+        for rid in request_ids:  # through ``allocate``: free blocks may be evicted cache
+            self.allocate(rid, self.num_blocks_of(rid) * self.block_size + 1)
+
     def free(self, request_id: str) -> int:
         blocks = self._tables.pop(request_id, [])
         self._stream.pop(request_id, None)

@@ -157,3 +157,44 @@ def test_bad_bench_flags_exit_2_naming_the_flag_before_sending(
     argv = base + (flags if "--qps" in flags else ["--qps", "1", *flags])
     assert cli.main(argv) == 2  # nothing listens on port 1: it failed before connecting
     assert named in capsys.readouterr().err
+
+
+class _Terminal:
+    """A stderr that says it is a terminal and keeps what is written."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.text = tty, ""
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> int:
+        self.text += s
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("tty", "progress", "bar"), [
+    (True, True, True), (False, True, False), (True, False, False)])
+def test_a_progress_bar_on_a_terminal_unless_disabled(
+        monkeypatch: pytest.MonkeyPatch, tty: bool, progress: bool, bar: bool) -> None:
+    """vllm bench serve's tqdm bar: on a terminal only, off with --disable-tqdm."""
+    import asyncio
+    import sys
+    from typing import Any
+
+    from sloserve.services.bench_cmd import send_all
+
+    err = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    reqs = [Request(f"r{k}", arrival_time=0.0, prompt_len=8, output_len=2) for k in range(3)]
+
+    async def one(req: Request, t0: float, pbar: Any) -> None:
+        if pbar is not None:
+            pbar.update(1)
+
+    asyncio.run(send_all(reqs, one, progress=progress, label="4 req/s"))
+    assert ("3/3" in err.text and "4 req/s" in err.text) == bar, err.text
+    assert bar or err.text == ""

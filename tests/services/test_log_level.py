@@ -32,3 +32,28 @@ def test_warning_level_silences_the_per_request_lines(start_stack: Callable[...,
     assert '"event": "request"' not in (logs[0] / "gateway.log").read_text()
     assert '"event": "request"' in (logs[1] / "gateway.log").read_text()
     assert '"level": "info"' not in (logs[0] / "scheduler-lp0.log").read_text()
+
+
+def test_at_debug_a_request_id_is_in_every_service_log_it_passed(
+        start_stack: Callable[..., Stack], tmp_path: Path) -> None:
+    """The id a client sets travels in every message about the request (the calls between
+    services are long-lived streams of many requests), and each service logs it."""
+    import json
+
+    s = start_stack(log_level="debug", time_scale=0.02)
+    assert len(list(Client(s.gateway).generate("hi", max_tokens=3, request_id="trace-7"))) == 3
+    s.stop()  # flush the logs
+    logs = next(tmp_path.glob("logs*"))
+
+    def events(name: str) -> list[str]:
+        out = []
+        for raw in (logs / f"{name}.log").read_text().splitlines():
+            rec = json.loads(raw) if raw.startswith("{") else {}
+            if rec.get("request_id") == "trace-7":
+                out.append(str(rec["event"]))
+        return out
+
+    assert "request" in events("gateway")
+    sched = events("scheduler-lp0")
+    assert sched[0] == "request_admitted" and sched[-1] == "request_released", sched
+    assert "sequence_added" in events("executor-lp0")

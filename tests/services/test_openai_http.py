@@ -147,6 +147,18 @@ def test_metrics_show_vllm_families_with_counts_after_requests(stack: Stack) -> 
                    "sloserve:perf_model_relative_error_count"):
         assert f"{family}{label}" in text, family
     assert f"vllm:request_queue_time_seconds_count{label} 3.0" in text
+    # the executor its batches, the perf-model service its fits (the warmup sweep's, at least)
+    ex = next(s for n, s in stack.services.items() if n.startswith("executor"))
+    text = httpx.get(f"http://{ex.metrics}/metrics").text
+    for family in ("vllm:iteration_tokens_total_count", "sloserve:batch_execution_seconds_count"):
+        assert f"{family}{label}" in text and f"{family}{label} 0.0" not in text, family
+    perf = stack.services["perfmodel"]
+    deadline = time.monotonic() + 10
+    while f"sloserve:perf_model_refits_total{label}" not in (
+            text := httpx.get(f"http://{perf.metrics}/metrics").text):
+        assert time.monotonic() < deadline, "no refit counted"
+        time.sleep(0.2)
+    assert f"sloserve:perf_model_fit_mape{label}" in text
 
 
 def test_models_and_health(stack: Stack) -> None:
@@ -201,7 +213,7 @@ def test_requests_dropped_under_overload_get_429(start_stack: Callable[..., Stac
 
 
 def test_admission_shedding_at_the_door_is_429_over_http(
-        start_stack: Callable[..., Stack]) -> None:
+        start_stack: Callable[..., Stack], tmp_path: Path) -> None:
     """The scheduler's admission control (``sloserve.admission``, on by default) refuses a
     request that cannot meet its TTFT SLO behind the queue: over HTTP that is OpenAI's
     429, its message the ``shed:`` reason, streamed or not."""
@@ -225,7 +237,25 @@ def test_admission_shedding_at_the_door_is_429_over_http(
             err = r.json()["error"]
             assert err["type"] == "rate_limit_error" and SHED_PREFIX in err["message"], err
     text = httpx.get(s.http + "/metrics").text
-    assert f'sloserve:requests_dropped_total{{model_name="{MODEL}",reason="{SHED_PREFIX}' in text
+    dropped = [ln for ln in text.splitlines() if ln.startswith("sloserve:requests_dropped_total")]
+    # one series for every shed request, whatever TTFT each was predicted (no label per value)
+    assert dropped == [f'sloserve:requests_dropped_total{{model_name="{MODEL}",reason="shed"}} '
+                       f'{float(statuses.count(429))}'], dropped
+    log = next(tmp_path.glob("logs*")) / "gateway.log"  # the whole reason is in the log line
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(raw) for raw in log.read_text().splitlines() if raw.startswith("{")]
+        why = [r.get("drop_reason", "") for r in lines
+               if r.get("event") == "request" and r.get("finish_reason") == "dropped"]
+        if len(why) == statuses.count(429) or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert len(why) == statuses.count(429) and all(w.startswith(SHED_PREFIX) for w in why), why
+    values = {ln.split(" ")[0]: float(ln.split(" ")[1]) for ln in text.splitlines()
+              if ln.startswith("sloserve:slo_requests_total")}
+    slo = 'sloserve:slo_requests_total{{model_name="{}",slo_met="{}"}}'
+    assert sum(values.values()) == len(answers)  # attainment = met / all: drops count, unmet
+    assert values[slo.format(MODEL, "false")] >= statuses.count(429)
 
 
 def test_no_scheduler_connected_is_503_until_it_is_back(stack: Stack) -> None:

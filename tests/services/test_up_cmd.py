@@ -87,9 +87,9 @@ def test_up_derives_policy_knobs_as_simulate_does_and_turns_offload_off_without_
 
 def _up(tmp_path: Path, *flags: str, redis: bool = False) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if redis or k != "REDIS_URL"}
-    return subprocess.run(
+    return subprocess.run(  # a free --port unless flags name one: 50051 may be taken here
         [sys.executable, "-m", "sloserve.services.cli", "up", "--http-port", "0",
-         "--log-dir", str(tmp_path / "logs"), *flags],
+         "--port", str(free_port()), "--log-dir", str(tmp_path / "logs"), *flags],
         capture_output=True, text=True, env=env, timeout=60)
 
 
@@ -118,17 +118,60 @@ def test_up_rejects_a_bad_flag_in_one_line_before_starting_anything(
     assert not (tmp_path / "logs").exists()  # no service was started, no log written
 
 
-def test_up_prints_the_log_tail_of_a_service_that_dies_at_start(tmp_path: Path) -> None:
+@pytest.mark.parametrize("which", ["--port", "--http-port"])
+def test_a_gateway_port_another_server_listens_on_is_one_line_before_anything_starts(
+        tmp_path: Path, which: str) -> None:
+    """Not the gateway's own error at start: another server there (another ``up``, say)
+    would answer the health check, and ``up`` would call a gateway ready that died."""
     import socket
 
-    with socket.socket() as taken:  # the gateway's port is in use: it exits at once
+    with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        t0 = time.monotonic()
-        done = _up(tmp_path, "--port", str(port))
-    assert time.monotonic() - t0 < 30  # not the 60 s health-check timeout
+        done = _up(tmp_path, which, str(port))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert f"{which}: 127.0.0.1:{port} is already in use" in done.stderr, done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_torch_on_a_cuda_gpu_without_cuda_is_one_line_before_anything_starts(
+        tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    done = _up(tmp_path, "--backend", "torch", "--model", "tiny", "--gpu", "a100")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "--gpu: 'a100' means CUDA, which this machine does not have" in done.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_up_prints_the_log_tail_of_a_service_that_dies_at_start(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    bad = tmp_path / "bad.gguf"  # passes the flag checks (a .gguf file), fails to load
+    bad.write_text("not a gguf file")
+    t0 = time.monotonic()
+    done = _up(tmp_path, "--backend", "torch", "--model", "tiny", "--gpu", "cpu",
+               "--weights", str(bad))
+    assert time.monotonic() - t0 < 45  # not the 60 s health-check timeout
     assert done.returncode == 1, done.stderr
-    assert "gateway exited with code 2 at start" in done.stderr, done.stderr
-    assert f"  | python -m sloserve.services.gateway: error: port {port}" in done.stderr
-    assert "Traceback" not in done.stderr
+    assert "executor-lp0 exited with code 1 at start; last" in done.stderr, done.stderr
+    assert f"  | ValueError: {bad}: not a readable GGUF file" in done.stderr, done.stderr
+
+
+def test_torch_stacks_wait_for_the_model_load_as_vllm_stacks_do() -> None:
+    """A torch executor loads its weights before it answers (past a minute on a busy
+    machine): its scheduler and the gateway wait as long as ``up`` does, not 60 s."""
+    from sloserve.services.stack import TORCH_START_S, Stack, StackConfig, start_budget
+
+    assert start_budget("sim") == 60.0 and start_budget("torch") == TORCH_START_S > 60
+    stack = Stack(StackConfig(backend="torch", model="smollm2-135m", gpu="cpu"))
+    stack.plan()
+    for name in ("scheduler-lp0", "gateway"):
+        argv = stack.services[name].argv
+        assert argv[argv.index("--connect-timeout") + 1] == str(TORCH_START_S), name
+    sim = Stack(StackConfig())
+    sim.plan()
+    assert "--connect-timeout" not in sim.services["gateway"].argv

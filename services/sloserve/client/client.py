@@ -45,7 +45,7 @@ class GenerateOptions(TypedDict, total=False):
     request_id: str  # default: the gateway assigns one
     temperature: float  # 0 = greedy; unset: 1.0
     top_p: float
-    top_k: int
+    top_k: int  # -1 or 0: off (vLLM)
     seed: int
     ignore_eos: bool  # generate exactly max_tokens
     stop_token_ids: Sequence[int]

@@ -5,8 +5,8 @@ Issue 14, build item 4: after a bench run against a stack, the same workload
 with the deployment the stack reports about itself: the gateway's ``Info``
 (model, hardware, instances and roles, KV blocks) and each scheduler's
 ``Status`` (policy and ``policy_config``, every knob resolved). The live stack's
-scheduler runs admission control at its defaults (``sloserve up`` exposes no
-admission flags), so the simulation does too (``simulate --admission``).
+scheduler's admission limits (its ``Status.admission``: ``up``'s flags) are simulated too
+(``simulate --admission``).
 Optionally the simulator's ground truth includes a measured overhead profile
 (``--overhead-profile``, ``sloserve.sim.overhead``). The stack's schedulers say
 whether they run overlap scheduling (``Status.overlap``, the default); the
@@ -102,8 +102,8 @@ async def statuses(info: dict[str, Any], samples: bool = False) -> list[Any]:
 def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
                overhead_profile: str | None) -> SimConfig:
     """The ``SimConfig`` that replays ``args``' workload on the stack ``info`` describes."""
-    from sloserve.admission import Admission
     from sloserve.defaults import workload_slos
+    from sloserve.services.admission_flags import from_json
 
     policies = sorted({st.policy for st in sts})
     if len(policies) != 1:
@@ -126,7 +126,8 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt, slo_mix=args.slo_mix,
         jct_share=args.jct_share, arrival=args.arrival, cv=args.cv, seed=args.seed,
         num_blocks=int(inst[0]["kv_capacity_blocks"]), block_size=int(inst[0]["block_size"]),
-        policy_config=config, admission=Admission(), overhead_profile=overhead_profile,
+        policy_config=config, admission=from_json((lp or sts)[0].admission),
+        overhead_profile=overhead_profile,
         overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
         prefix_caching=False,  # `up` runs its schedulers without prefix caching
     )

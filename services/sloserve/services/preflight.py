@@ -4,11 +4,12 @@ Each check raises ``ValueError("--flag: why")``; the CLI prints that one line an
 exits 2. What is checked is what a child service would otherwise die on a minute
 later: the model preset (the perf-model service fits every backend's model by its
 preset shape), the GPU (sim: a profiled GPU; torch/vllm: ``cpu``, ``cuda[:N]`` or a
-known GPU name, which means CUDA), the weights path, the gateway's two ports (in
-range and not the same one: a port that is taken is the gateway's own error at start,
-printed with its log tail), and the Redis URL (parsed, then one PING within
-``REDIS_TIMEOUT_S``, password included). ``--policy`` and ``--backend`` are argparse
-choices, rejected before this runs.
+known GPU name, which means CUDA: torch then needs ``torch.cuda.is_available()``), the
+weights path, the gateway's two ports (in range, not the same one, and free: a port
+another server answers on, another ``sloserve up`` say, would pass the gateway's health
+check before the gateway itself died of it), and the Redis URL (parsed, then one PING
+within ``REDIS_TIMEOUT_S``, password included). ``--policy`` and ``--backend`` are
+argparse choices, rejected before this runs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sloserve.services.executor.backends import SIM, VLLM
+from sloserve.services.executor.backends import SIM, TORCH, VLLM
 from sloserve.services.store import redis_url
 
 REDIS_TIMEOUT_S = 2.0
@@ -80,8 +81,9 @@ def check_weights(backend: str, model: str, weights: str | None) -> None:
                          + ("" if backend == VLLM else " nor a .gguf file"))
 
 
-def check_ports(port: int, http_port: int) -> None:
-    """``--port`` is a TCP port; ``--http-port`` one too, or 0 (no HTTP), and another."""
+def check_ports(port: int, http_port: int, host: str | None = None) -> None:
+    """``--port`` is a TCP port; ``--http-port`` one too, or 0 (no HTTP), and another;
+    with ``host``, nothing listens on either there yet."""
     if not 1 <= port <= 65535:
         raise ValueError(f"--port: must be a TCP port in 1..65535, got {port}")
     if not (http_port == 0 or 1 <= http_port <= 65535):
@@ -89,6 +91,33 @@ def check_ports(port: int, http_port: int) -> None:
                          f"got {http_port}")
     if http_port == port:
         raise ValueError(f"--http-port: {http_port} is also --port (gRPC); pick another")
+    if host is None:
+        return
+    from sloserve.services.rpc import PortInUse, check_port_free
+
+    for flag, value in (("--port", port), ("--http-port", http_port)):
+        if value:
+            try:
+                check_port_free(host, value)
+            except PortInUse:
+                raise ValueError(f"{flag}: {host}:{value} is already in use (another "
+                                 "server listens there); pick another port") from None
+
+
+def check_cuda(backend: str, gpu: str) -> None:
+    """torch on a CUDA GPU needs CUDA here (the executor would die of it at start); vLLM
+    picks its own platform, ``--gpu`` only names the hardware for it."""
+    if backend != TORCH or gpu == "cpu":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"--gpu: {gpu!r} means CUDA, which this machine does not have "
+                         "(torch.cuda.is_available() is False); use --gpu cpu")
+    m = _CUDA.match(gpu)
+    if m and m.group(1) and int(m.group(1)[1:]) >= torch.cuda.device_count():
+        raise ValueError(f"--gpu: {gpu!r}: this machine has {torch.cuda.device_count()} "
+                         "CUDA device(s)")
 
 
 def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
@@ -119,9 +148,12 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
 
 
 def check_up(backend: str, model: str, gpu: str, weights: str | None,
-             redis: str | None, port: int = 50051, http_port: int = 0) -> None:
-    """Every check, cheapest first; the first failure raises."""
-    check_ports(port, http_port)
+             redis: str | None, port: int = 50051, http_port: int = 0,
+             host: str | None = None) -> None:
+    """Every check, cheapest first; the first failure raises. ``host``: the gateway's,
+    whose ports must be free (None: not checked)."""
+    check_ports(port, http_port, host)
     check_model_and_gpu(backend, model, gpu)
     check_weights(backend, model, weights)
     check_redis(redis)
+    check_cuda(backend, gpu)  # imports torch: last

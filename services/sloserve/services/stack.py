@@ -24,19 +24,33 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sloserve.admission import Admission
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
 from sloserve.policies.flags import config_to_argv
+from sloserve.services import admission_flags
 from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
-from sloserve.services.executor.backends import BACKENDS, VLLM
+from sloserve.services.executor.backends import BACKENDS, TORCH, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
 
 # a vllm executor imports vLLM, loads the model and compiles it (as stock vllm serve: 100-200 s
 # on a busy 2-core machine, vLLM 0.32's compile cache does not load here) before it answers
 VLLM_START_S = 600.0
+# a torch executor imports torch and loads (dequantizes) its weights before it answers:
+# seconds on a quiet machine, past a minute on a busy one
+TORCH_START_S = 180.0
 LOG_TAIL_LINES = 20
 INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` says
+
+
+DEFAULT_START_S = 60.0
+
+
+def start_budget(backend: str) -> float:
+    """How long a service of a ``backend`` stack may take to report SERVING (its executor
+    loads the model first; a scheduler waits for it, the gateway for the schedulers)."""
+    return {VLLM: VLLM_START_S, TORCH: TORCH_START_S}.get(backend, DEFAULT_START_S)
 
 
 @dataclass(slots=True)
@@ -70,6 +84,7 @@ class StackConfig:
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
     perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
     prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, vllm, sim)
+    admission: Admission | None = Admission()  # every scheduler's limits; None: queue all
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
@@ -174,7 +189,8 @@ class Stack:
             "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
         knobs = config_to_argv(c.resolved_policy_config())
         # a vLLM executor answers Describe only once vLLM is imported and the model loaded
-        wait = ["--connect-timeout", str(VLLM_START_S)] if c.backend == VLLM else []
+        budget = start_budget(c.backend)
+        wait = ["--connect-timeout", str(budget)] if budget > DEFAULT_START_S else []
         scheds = []
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = self._port(h), self._port(h)
@@ -199,6 +215,7 @@ class Stack:
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
                 *(["--prefix-caching"] if c.prefix_caching else []),
+                *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
@@ -226,9 +243,8 @@ class Stack:
             argv = [*argv, "--log-level", self.cfg.log_level]
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health], metrics=metrics)
 
-    def start(self, timeout: float = 60.0) -> Stack:
-        if self.cfg.backend == VLLM:  # importing vLLM, maybe preparing the model: minutes
-            timeout = max(timeout, VLLM_START_S)
+    def start(self, timeout: float = DEFAULT_START_S) -> Stack:
+        timeout = max(timeout, start_budget(self.cfg.backend))
         if not self.redis_url:
             self.embedded = EmbeddedRedis()
             self.redis_url = self.embedded.url
@@ -296,8 +312,7 @@ class Stack:
         if svc.proc is not None and svc.proc.poll() is None:
             self.kill(name, signal.SIGTERM)
         self.spawn(name)
-        if self.cfg.backend == VLLM:
-            timeout = max(timeout, VLLM_START_S)
+        timeout = max(timeout, start_budget(self.cfg.backend))
         wait_healthy(svc.address, svc.health, timeout)
 
     def exited(self) -> list[str]:

@@ -26,10 +26,10 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.policies import policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
+from sloserve.services import admission_flags
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
-from sloserve.services.executor.backends import VLLM
 from sloserve.services.preflight import check_up
-from sloserve.services.stack import VLLM_START_S, Stack, StackConfig, StartFailed
+from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
 from sloserve.services.supervisor import Policy, Supervisor
 
 UNHEALTHY_S = 10.0
@@ -75,6 +75,7 @@ def add_parser(subparsers: Any) -> None:
                    help="restart a live service whose health check fails this long, s "
                         f"(default {UNHEALTHY_S:.0f}; torch/vllm {UNHEALTHY_REAL_S:.0f}: their "
                         "executors compute on the event loop, a long batch delays the answer)")
+    admission_flags.add_flags(p)
     add_policy_flags(p)
 
 
@@ -92,6 +93,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         enforce_eager=args.enforce_eager,
         api_key_file=args.api_key_file,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
+        admission=admission_flags.limits_from_args(args),
     )
     cfg.validate()
     return cfg
@@ -119,13 +121,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
     check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url,  # 1 line, exit 2
-             port=args.port, http_port=args.http_port)
+             port=args.port, http_port=args.http_port, host=args.host)
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     stack = Stack(cfg)
-    start_s = VLLM_START_S if cfg.backend == VLLM else 60.0
+    start_s = start_budget(cfg.backend)
     unhealthy_s = args.unhealthy_after or (UNHEALTHY_S if cfg.backend == "sim"
                                            else UNHEALTHY_REAL_S)
     supervisor: Supervisor | None = None

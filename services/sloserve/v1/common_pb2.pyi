@@ -117,7 +117,7 @@ class Sampling(_message.Message):
     temperature: _builtins.float
     top_p: _builtins.float
     top_k: _builtins.int
-    """0 or unset: off"""
+    """0, -1 (vLLM's) or unset: off"""
     seed: _builtins.int
     ignore_eos: _builtins.bool
     """generate exactly max_tokens (benchmarks)"""

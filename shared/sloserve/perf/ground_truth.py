@@ -153,29 +153,28 @@ class ProfileTiming:
         """The batch's time without run-to-run noise, seconds (0 for an empty batch)."""
         decodes = shape.decodes
         b_d = len(decodes)
+        if not shape.prefills:
+            return self.decode_time(b_d, sum(decodes)) if b_d else 0.0
         n = b_d
         seqs = b_d + len(shape.prefills)
-        if seqs == 0:
-            return 0.0
         t = ITERATION_OVERHEAD + SEQUENCE_OVERHEAD * seqs
-        if shape.prefills:
-            tiles = 0
-            pair_time = 0.0
-            read_time = 0.0
-            for c, ctx_i in shape.prefills:
-                n += c
-                c_tiles = -(-c // self._q_tile)
-                tiles += c_tiles
-                c_pad = c_tiles * self._q_tile
-                if self._calibrated:  # in-chunk causal pairs + pairs over the cached context
-                    pair_time += c_pad * ((c + 1) * 0.5 * self._pair_time
-                                          + ctx_i * self._ctx_pair_time)
-                else:
-                    k = ctx_i + (c + 1) * 0.5  # mean keys per query
-                    pair_time += c_pad * (k + self._k_half) * self._pair_time
-                read_time += (ctx_i + c) * self._ctx_time
-            occupancy = min(1.0, tiles / self._tiles_full)
-            t += max(pair_time / occupancy, read_time) + self._launch
+        tiles = 0
+        pair_time = 0.0
+        read_time = 0.0
+        for c, ctx_i in shape.prefills:
+            n += c
+            c_tiles = -(-c // self._q_tile)
+            tiles += c_tiles
+            c_pad = c_tiles * self._q_tile
+            if self._calibrated:  # in-chunk causal pairs + pairs over the cached context
+                pair_time += c_pad * ((c + 1) * 0.5 * self._pair_time
+                                      + ctx_i * self._ctx_pair_time)
+            else:
+                k = ctx_i + (c + 1) * 0.5  # mean keys per query
+                pair_time += c_pad * (k + self._k_half) * self._pair_time
+            read_time += (ctx_i + c) * self._ctx_time
+        occupancy = min(1.0, tiles / self._tiles_full)
+        t += max(pair_time / occupancy, read_time) + self._launch
         if b_d:
             t += (sum(decodes) + b_d * (1 + self._page)) * self._ctx_time + self._launch
         t += self.linear_time(n) + self.lm_head_time(seqs)
@@ -183,7 +182,23 @@ class ProfileTiming:
             t += self._ar_fixed + self._ar_time * n
         return t
 
+    def decode_time(self, num_decodes: int, context_sum: int) -> float:
+        """Noiseless time of a decode-only batch of ``num_decodes`` >= 1 sequences whose
+        contexts sum to ``context_sum``: the decode-only case of ``noiseless_time``, which
+        calls it (a decode-only batch's time depends on nothing else)."""
+        t = ITERATION_OVERHEAD + SEQUENCE_OVERHEAD * num_decodes
+        t += (context_sum + num_decodes * (1 + self._page)) * self._ctx_time + self._launch
+        t += self.linear_time(num_decodes) + self.lm_head_time(num_decodes)
+        if self._ar_fixed:
+            t += self._ar_fixed + self._ar_time * num_decodes
+        return t
+
     def batch_time(self, shape: BatchShape) -> float:
         """Measured duration of ``shape``: noiseless time x lognormal noise (mean 1)."""
         t = self.noiseless_time(shape)
         return self._noise.apply(t)
+
+    def decode_batch_time(self, num_decodes: int, context_sum: int) -> float:
+        """``batch_time`` of a decode-only batch from its size and context sum alone (the
+        simulator's steady state, ``sim.steady``): the same time, the same noise draw."""
+        return self._noise.apply(self.decode_time(num_decodes, context_sum))

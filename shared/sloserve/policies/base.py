@@ -377,6 +377,15 @@ class Policy(ABC):
     def schedule(self, view: InstanceView) -> BatchPlan:
         """Form the next batch (Vidur's ``_get_next_batch``)."""
 
+    def steady_decodes(self) -> int:
+        """Steady state (``sloserve.sim.steady``): the most running requests ``n`` for which
+        this policy promises that, whenever its waiting queue is empty, every running
+        request is decoding (``not in_prefill``) and free KV has a block for each decode
+        that needs one, ``schedule`` plans every running decode (one token each, running
+        order) and nothing else, at any ``now``, and changes no state of its own.
+        0 (the default): no such promise; every iteration asks ``schedule``."""
+        return 0
+
     def offers_ticket(self, view: InstanceView) -> bool:
         """Ascendra §6.1: whether this (HP) instance invites a new request now."""
         return True

@@ -46,6 +46,10 @@ class OrcaPolicy(Policy):
     config_cls = OrcaConfig
     config: OrcaConfig
 
+    def steady_decodes(self) -> int:
+        """Nothing waiting: every decode, all fitting (``add_decodes``), nothing admitted."""
+        return self.config.max_num_seqs
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg, kv = self.config, view.kv
         reserve = kv.blocks_for(cfg.max_seq_len)

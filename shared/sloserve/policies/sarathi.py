@@ -40,6 +40,10 @@ class SarathiPolicy(Policy):
         super().__init__(config)
         self.token_budget = self.config.budget
 
+    def steady_decodes(self) -> int:
+        """Decodes only, all fitting (``add_decodes``' fast path), nothing to admit."""
+        return min(self.token_budget, self.config.max_num_seqs)
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         b = BatchBuilder(view, self.token_budget, self.config.max_num_seqs)
         decodes: list[Request] = []

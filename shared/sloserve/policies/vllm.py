@@ -62,6 +62,10 @@ class VllmPolicy(Policy):
     config_cls = VllmConfig
     config: VllmConfig
 
+    def steady_decodes(self) -> int:
+        """Nothing waiting: the decode-only batch, every decode fitting (``add_decodes``)."""
+        return self.config.max_num_seqs
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         b = BatchBuilder(view, cfg.max_num_batched_tokens, cfg.max_num_seqs)

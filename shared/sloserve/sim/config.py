@@ -52,6 +52,9 @@ class SimConfig:
     # "stream": constant memory per request, percentiles from a 0.1 % relative-error sketch
     # (sloserve.sketch); counts, shares and goodput stay exact. "exact": every value kept.
     metrics: str = "exact"
+    # run the iterations a policy declared steady without asking it (``sim.steady``): the same
+    # decisions, timings and summary; False asks the policy every iteration (tests compare)
+    steady: bool = True
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)

@@ -13,6 +13,8 @@ all superseded by a later one whose window (the last ``window`` samples before
 it) lies entirely in what is kept, and dropping a multiple of ``refit_every``
 keeps later refits at the same points. Model state after a flush is therefore
 identical to observing every sample (pinned by tests/sim/test_golden.py).
+A steady iteration (``sim.steady``) queues only its first iteration's contexts and
+its offset from them; its ``BatchShape`` is built if it is ever applied.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from sloserve.batch import BatchSample, BatchShape
 from sloserve.perf.regression import AscendraRegression
 
 EAGER_ABOVE = 1 << 20  # a refit period this long (a frozen model): observe as it comes
+# a queued sample: (shape, duration, 0), or a decode-only one as (first contexts, duration, offset)
+Pending = tuple[BatchShape | tuple[int, ...], float, int]
 
 
 class DeferredObservations:
@@ -30,7 +34,7 @@ class DeferredObservations:
 
     def __init__(self, model: AscendraRegression) -> None:
         self.model = model
-        self._pending: list[tuple[BatchShape, float]] = []
+        self._pending: list[Pending] = []
         self._eager = model.refit_every > EAGER_ABOVE
         self._keep = model.window + 2 * model.refit_every
 
@@ -41,7 +45,7 @@ class DeferredObservations:
         if sample.shape.is_empty or not sample.duration > 0.0:
             return  # the model ignores these too: they must not count toward a period
         pending = self._pending
-        pending.append((sample.shape, sample.duration))
+        pending.append((sample.shape, sample.duration, 0))
         if len(pending) > self._keep:
             del pending[:self.model.refit_every]
 
@@ -53,14 +57,29 @@ class DeferredObservations:
         if not shape.decodes and not shape.prefills or not duration > 0.0:
             return
         pending = self._pending
-        pending.append((shape, duration))
+        pending.append((shape, duration, 0))
+        if len(pending) > self._keep:
+            del pending[:self.model.refit_every]
+
+    def observe_decodes(self, contexts: tuple[int, ...], offset: int, duration: float) -> None:
+        """``observe_batch`` of the decode-only batch whose contexts are ``contexts`` (not
+        empty), each plus ``offset``; the shape is built only when applied."""
+        if self._eager:
+            self.model.observe(BatchSample(_decodes(contexts, offset), duration))
+            return
+        if not duration > 0.0:
+            return
+        pending = self._pending
+        pending.append((contexts, duration, offset))
         if len(pending) > self._keep:
             del pending[:self.model.refit_every]
 
     def flush(self) -> None:
         pending, observe = self._pending, self.model.observe
         self._pending = []
-        for shape, duration in pending:
+        for shape, duration, offset in pending:
+            if not isinstance(shape, BatchShape):
+                shape = _decodes(shape, offset)
             observe(BatchSample(shape, duration))
 
     def predict(self, shape: BatchShape) -> float:
@@ -73,3 +92,7 @@ class DeferredObservations:
             raise AttributeError(name)
         self.flush()
         return getattr(self.model, name)
+
+
+def _decodes(contexts: tuple[int, ...], offset: int) -> BatchShape:
+    return BatchShape((), tuple([c + offset for c in contexts]) if offset else contexts)

@@ -38,6 +38,7 @@ from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
 from sloserve.sim.overhead import OverheadProfile, OverheadSampler
+from sloserve.sim.steady import DecodeTime, SteadyRun
 from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
@@ -157,7 +158,9 @@ class Simulation:
                           else for_deployment(cfg.admission, cfg.hp_instances))
         self.ends = BatchEnds()
         self.requests = {r.request_id: r for r in self.workload.requests}
-        self.in_flight: list[tuple[BatchPlan, BatchShape] | None] = [None] * len(self.instances)
+        # the batch each instance runs: a plan and its shape, or a steady run (sim.steady)
+        self.in_flight: list[tuple[BatchPlan, BatchShape] | SteadyRun | None] = (
+            [None] * len(self.instances))
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
         self.record_samples = cfg.record_samples
@@ -168,12 +171,27 @@ class Simulation:
         # policies that decide tickets themselves get a view; the rest always offer one
         self._ticket_hook = [type(i.policy).offers_ticket is not Policy.offers_ticket
                              for i in self.instances]
+        # steady runs (sim.steady): most decodes each instance's policy promises a plan for
+        self._decode_time: DecodeTime | None = getattr(self.timing, "decode_batch_time", None)
+        self._steady_limit = [self._steady_limit_of(k) for k in range(len(self.instances))]
+        self.num_steady = 0  # iterations started in steady runs (no policy call), at run ends
         # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
         # constant-size summary in chunks and released (sloserve.sketch)
         self.stream: RunSummary | None = None
         self._retired: list[Request] = []
         if cfg.metrics == "stream":
             self.stream = RunSummary(QuantileSketch)
+
+    def _steady_limit_of(self, k: int) -> int:
+        """Instance ``k``'s policy's ``steady_decodes``, or 0 where this driver would have
+        to see each iteration: a hook, a plan or sample record, an overhead gap, prefix
+        caching, a ground truth without ``decode_batch_time``, or steady runs turned off."""
+        inst, cfg = self.instances[k], self.cfg
+        if (not cfg.steady or self._decode_time is None or cfg.overlap or cfg.record_samples
+                or cfg.record_decisions or self.overhead is not None or inst.kv.prefix_caching
+                or self._ticket_hook[k] or inst.has_batch_end_hook):
+            return 0
+        return inst.policy.steady_decodes()
 
     def _kv_blocks(self, hw: Any) -> int:
         from sloserve.perf.memory import kv_capacity_blocks
@@ -215,6 +233,10 @@ class Simulation:
         req = self.requests[action.request_id]
         if isinstance(action, Dispatch):
             k = self.index[action.instance_id]
+            run = self.in_flight[k]
+            if isinstance(run, SteadyRun):  # it is looked at and changed: written back first,
+                run.write_back()  # and its iteration in flight is its last steady one
+                run.stop = True
             limits = self.admission
             if (limits is not None and action.cause in ("route", "ticket")
                     and refusal(self.instances[k], req, now, limits) is not None):
@@ -243,6 +265,14 @@ class Simulation:
         starts after a measured gap (``sim.overhead``); the plan is decided at ``now``."""
         if self.in_flight[k] is not None or not self.instances[k].has_work:
             return
+        if self._steady_limit[k]:
+            assert self._decode_time is not None
+            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now,
+                                     self._decode_time)
+            if steady is not None:
+                self.in_flight[k], end = steady
+                self.ends.push(end, k)
+                return
         decided = self._decide(k, now)
         if decided is None:
             return
@@ -276,11 +306,41 @@ class Simulation:
         self.batch_start[k] = start
         self.ends.push(end, k)
 
+    def _settle(self, k: int) -> None:
+        """Write instance ``k``'s steady run back into it; what it still runs is in flight."""
+        run = self.in_flight[k]
+        assert isinstance(run, SteadyRun)
+        self.in_flight[k] = run.settle()
+        self.batch_start[k] = run.start
+        self.num_steady += run.started
+
+    def _finish_steady(self, k: int, run: SteadyRun, now: float) -> None:
+        """A steady iteration that ends no request ended: what ``_finish_batch`` does for
+        it, without a plan. It has no first or last token, and the state report it would
+        make repeats the last one (nothing waiting, no prefill, a ticket offered)."""
+        self.policy_perf.observe_decodes(run.contexts, run.started - 1, now - run.start)
+        self.num_iterations += 1
+        self.kv_util_sum += (run.num_blocks - run.free) / run.num_blocks
+        run.ends.append(now)
+        end = run.next_end(now)
+        if end is not None:
+            self.ends.push(end, k)
+            return
+        self._settle(k)  # KV is short for the next iteration: the policy decides it
+        self._report_state(k, now)
+        self._kick(k, now, back_to_back=True)
+
     def _finish_batch(self, k: int, now: float) -> None:
-        inst = self.instances[k]
         flight = self.in_flight[k]
-        assert flight is not None
+        if isinstance(flight, SteadyRun):
+            if flight.started < flight.last:
+                self._finish_steady(k, flight, now)
+                return
+            self._settle(k)  # its last iteration ends a request: finished as any other
+            flight = self.in_flight[k]
+        assert flight is not None and not isinstance(flight, SteadyRun)
         plan, shape = flight
+        inst = self.instances[k]
         self.in_flight[k] = None
         duration = now - self.batch_start[k]
         self.policy_perf.observe_batch(shape, duration)
@@ -315,6 +375,9 @@ class Simulation:
     def _summary(self, end: float, wall: float) -> dict[str, Any]:
         from sloserve.metrics import summarize
 
+        for k, flight in enumerate(self.in_flight):
+            if isinstance(flight, SteadyRun):  # a run cut short: its instance as it stands
+                self._settle(k)
         kv_util = self.kv_util_sum / max(1, self.num_iterations)
         preemptions = sum(i.num_preemptions for i in self.instances)
         out: dict[str, Any]

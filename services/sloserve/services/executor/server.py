@@ -19,7 +19,7 @@ import grpc
 import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
-from sloserve.services import obs, rpc
+from sloserve.services import metrics, obs, rpc
 from sloserve.services.executor.backends import BACKENDS, Backend, make_backend, plan_shape
 from sloserve.services.executor.horizon import Horizon
 from sloserve.services.perfmodel import samples
@@ -78,6 +78,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
         self.outage = Outage("samples_flush", self.log)
         self._held: list[tuple[BatchSample, str]] = []  # unsent through a Redis outage
         self.dropped_samples = 0  # oldest samples dropped while Redis was down
+        self._model: str | None = None  # metrics label, from describe() on first use
 
     async def Describe(
         self, request: executor_pb2.DescribeRequest, context: grpc.aio.ServicerContext
@@ -132,6 +133,11 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             plan, skipped = _skip_stopped(plan, stopped)
             step = self.backend.execute(plan)
             stopped |= step.stopped
+            for seq in plan.added:  # debug: a request's id across the services' logs
+                self.log.debug("sequence_added", request_id=seq.request_id,
+                               tokens=len(seq.prompt_token_ids) + len(seq.generated_token_ids))
+            for rid in step.stopped:
+                self.log.debug("sequence_stopped", request_id=rid)
             # the reply is built while the batch runs (sim: before its wait), so only
             # the send is left once the batch is done
             result = executor_pb2.IterationResult(
@@ -163,8 +169,18 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             if self.horizon is not None:
                 await self.horizon.released()
             if shape is not None:
+                model = self._model_label()
+                metrics.ITERATION_TOKENS.labels(model).observe(
+                    sum(i.num_tokens for i in plan.items))
+                metrics.BATCH_TIME.labels(model).observe(measured)
                 self._pending.append(BatchSample(shape, measured))
                 self._flush_wanted.set()
+
+    def _model_label(self) -> str:
+        """The ``model_name`` label: the model this executor describes itself as."""
+        if self._model is None:
+            self._model = self.backend.describe().model
+        return self._model
 
     async def publish_warmup(self) -> None:
         sweep = await asyncio.to_thread(self.backend.warmup_samples)

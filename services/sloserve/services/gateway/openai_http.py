@@ -32,9 +32,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.services import auth
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
+from sloserve.services.gateway.validate import InputLimits
 from sloserve.services.proto import common_pb2, gateway_pb2
 
 STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
@@ -54,6 +56,9 @@ UNSUPPORTED: dict[str, tuple[object, ...]] = {
     "tools": (None, []), "response_format": (None, {"type": "text"}),
 }
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
+HTTP_FIELDS = {"prompt_token_ids": "prompt", "request_id": "x-request-id"}  # gRPC -> HTTP
+INT32 = (-(1 << 31), (1 << 31) - 1)  # the wire's int32 fields (token ids, top_k, priority)
+INT64 = (-(1 << 63), (1 << 63) - 1)  # seed, as vLLM's OpenAI server bounds it
 
 
 class BadRequest(GatewayError):
@@ -69,12 +74,24 @@ def error_response(exc: GatewayError) -> JSONResponse:
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:
-    _, kind = STATUS.get(exc.code, (500, "internal_error"))
-    field, sep, _ = exc.message.partition(":")
+    _, kind = STATUS.get(exc.code, (500, "server_error"))
+    message = http_names(exc.message)
+    field, sep, _ = message.partition(":")
     param = field if sep and field.replace("_", "").replace(".", "").replace("[", "").replace(
-        "]", "").isalnum() and " " not in field else None
+        "]", "").replace("-", "").isalnum() and " " not in field else None
     code = getattr(exc, "error_code", None) or exc.code.name.lower()
-    return {"error": {"message": exc.message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
+def http_names(message: str) -> str:
+    """A gateway message (it names gRPC fields) naming the field as the HTTP body or header
+    has it: ``sampling.top_p`` is ``top_p``, ``prompt_token_ids`` is ``prompt``."""
+    field, sep, rest = message.partition(":")
+    if not sep:
+        return message
+    if field.startswith("sampling."):
+        field = field[len("sampling."):]
+    return f"{HTTP_FIELDS.get(field, field)}{sep}{rest}"
 
 
 # --- request body -> GenerateRequest ---------------------------------------------------
@@ -84,8 +101,8 @@ def _num(body: dict[str, Any], name: str, kind: type, lo: float | None = None,
     if value is None:
         return None
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is int:
-        ok = ok and float(value).is_integer()
+    if kind is int:  # an int of any size, or an integral float (no float() of a huge int)
+        ok = ok and (isinstance(value, int) or value.is_integer())
     if not ok or (isinstance(value, float) and not math.isfinite(value)):
         raise BadRequest(f"{name}: must be {'an integer' if kind is int else 'a number'}, "
                          f"got {value!r}")
@@ -96,15 +113,24 @@ def _num(body: dict[str, Any], name: str, kind: type, lo: float | None = None,
     return kind(value)
 
 
-def _slo_ms(body: dict[str, Any], headers: Any, name: str, header: str | None) -> float | None:
-    ms = _num(body, name, float, 0)
+def _slo_ms(body: dict[str, Any], headers: Any, name: str, header: str | None,
+            inputs: InputLimits) -> float | None:
+    """An SLO in seconds from the body field ``name`` (ms), else from ``header`` (ms);
+    out of the gateway's range is a 400 naming the field as the client wrote it."""
+    ms, field = _num(body, name, float), name
     if ms is None and header is not None and header in headers:
+        field = header
         try:
             ms = float(headers[header])
         except ValueError:
             raise BadRequest(f"{header}: must be a number of milliseconds, "
                              f"got {headers[header]!r}") from None
-    return None if ms is None else ms / 1000.0
+    if ms is None:
+        return None
+    lo, hi = inputs.min_slo_s * 1000, inputs.max_slo_s * 1000
+    if not (math.isfinite(ms) and lo <= ms <= hi):
+        raise BadRequest(f"{field}: must be in [{lo:g}, {hi:g}] milliseconds, got {ms:g}")
+    return float(ms) / 1000.0
 
 
 def _stop(body: dict[str, Any]) -> list[str]:
@@ -124,26 +150,33 @@ def _sampling(body: dict[str, Any]) -> common_pb2.Sampling:
         s.temperature = t
     if (p := _num(body, "top_p", float)) is not None:
         s.top_p = p
-    if (k := _num(body, "top_k", int, -1)) is not None:
+    if (k := _num(body, "top_k", int, -1, INT32[1])) is not None:
         s.top_k = max(k, 0)  # vLLM: -1 (or 0) disables
-    if (seed := _num(body, "seed", int)) is not None:
+    if (seed := _num(body, "seed", int, *INT64)) is not None:
         s.seed = seed
     ignore_eos = body.get("ignore_eos", False)
     if not isinstance(ignore_eos, bool):
         raise BadRequest(f"ignore_eos: must be true or false, got {ignore_eos!r}")
     s.ignore_eos = ignore_eos
     ids = body.get("stop_token_ids") or []
-    if not (isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool)
-                                          for i in ids)):
+    if not (isinstance(ids, list) and all(_token_id(i) for i in ids)):
         raise BadRequest("stop_token_ids: must be a list of token ids")
     s.stop_token_ids.extend(ids)
     return s
 
 
-def generate_request(body: Any, headers: Any, chat: bool,
-                     served: str) -> tuple[gateway_pb2.GenerateRequest, bool]:
+def _token_id(t: object) -> bool:
+    """An int the wire's int32 token ids hold (the gateway checks the vocabulary)."""
+    return isinstance(t, int) and not isinstance(t, bool) and INT32[0] <= t <= INT32[1]
+
+
+def generate_request(body: Any, headers: Any, chat: bool, served: str,
+                     inputs: InputLimits | None = None,
+                     ) -> tuple[gateway_pb2.GenerateRequest, bool]:
     """The gateway request of an OpenAI body, and whether max_tokens was left to fill
-    the context (chat without max_tokens, as vLLM)."""
+    the context (chat without max_tokens, as vLLM). ``inputs``: the gateway's bounds
+    (SLO range; default :class:`InputLimits`'s)."""
+    inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
     model = body.get("model")
@@ -162,15 +195,15 @@ def generate_request(body: Any, headers: Any, chat: bool,
     else:
         _prompt(body, req)
     max_tokens = _num(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                      else "max_tokens", int, 1)
+                      else "max_tokens", int, 1, INT32[1])
     fill = max_tokens is None and chat
     req.max_tokens = max_tokens or COMPLETIONS_MAX_TOKENS
     for field, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
                           ("jct_slo", None)):
-        value = _slo_ms(body, headers, f"{field}_ms", header)
+        value = _slo_ms(body, headers, f"{field}_ms", header, inputs)
         if value is not None:
             setattr(req, field, value)
-    if (prio := _num(body, "priority", int)) is not None:
+    if (prio := _num(body, "priority", int, *INT32)) is not None:
         req.priority = prio
     rid = headers.get("x-request-id")
     if rid:
@@ -184,8 +217,7 @@ def _prompt(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
         req.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(_token_id(t) for t in prompt):
         req.prompt_token_ids.extend(prompt)
     elif isinstance(prompt, list) and len(prompt) > 1:
         raise BadRequest("prompt: batched prompts are not supported; send one per request")
@@ -276,6 +308,25 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and auth.valid_key(token.strip(), api_keys)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        """Starlette's own errors (no such route, wrong method) in OpenAI's shape."""
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(
+            exc.status_code, "invalid_request_error")
+        message = (f"{request.method} {request.url.path}: "
+                   f"{'no such endpoint' if exc.status_code == 404 else exc.detail}")
+        return JSONResponse({"error": {"message": message, "type": kind, "param": None,
+                                       "code": str(exc.status_code)}},
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, exc: Exception) -> Response:
+        """A bug answers OpenAI's 500 JSON (the traceback goes to the gateway's log)."""
+        svc.log.error("http_error", path=request.url.path, error=f"{type(exc).__name__}: {exc}")
+        return JSONResponse({"error": {"message": f"internal error: {type(exc).__name__}",
+                                       "type": "server_error", "param": None,
+                                       "code": "internal_error"}}, status_code=500)
+
     @app.middleware("http")
     async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Response:
         if request.url.path.startswith("/v1/") and not authorized(request):
@@ -309,7 +360,8 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error_response(BadRequest(f"body: not valid JSON ({exc})"))
         try:
-            req, fill = generate_request(body, request.headers, chat, svc.model)
+            req, fill = generate_request(body, request.headers, chat, svc.model,
+                                         svc.limits.inputs)
             if not any(link.connected for link in svc.links.values()):
                 raise BadRequest("no scheduler connected; retry later",
                                  grpc.StatusCode.UNAVAILABLE)

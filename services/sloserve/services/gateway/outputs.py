@@ -86,8 +86,9 @@ class Timeline:
                     and self.token_times[-1] - self.arrival > spec.jct_slo)
 
     def finish(self, log: structlog.stdlib.BoundLogger, spec: common_pb2.RequestSpec,
-               instance: str, policy: str, finish_reason: str) -> None:
-        """Metrics and the one log line of a request that ended (any way)."""
+               instance: str, policy: str, finish_reason: str, drop_reason: str = "") -> None:
+        """Metrics and the one log line of a request that ended (any way); ``drop_reason``:
+        what the scheduler said of a dropped one."""
         m, n = self.model, len(self.token_times)
         met = finish_reason in ("stop", "length") and self.slo_met(spec)
         if finish_reason in ("stop", "length"):
@@ -96,13 +97,15 @@ class Timeline:
             metrics.SLO_REQUESTS.labels(m, str(met).lower()).inc()
             if met:
                 metrics.GOODPUT_TOKENS.labels(m).inc(n)
+        elif finish_reason == "dropped":  # attainment is met / all, as summarize counts it:
+            metrics.SLO_REQUESTS.labels(m, "false").inc()  # a drop never meets its SLOs
         log.info("request", request_id=spec.request_id, instance=instance, policy=policy,
                  prompt_tokens=self.prompt_tokens, output_tokens=n,
                  ttft_s=_r(self.ttft), mean_tbt_s=_r(self.mean_tbt), slo_met=met,
                  finish_reason=finish_reason, num_offloads=spec.num_offloads,
                  ttft_slo_s=spec.ttft_slo if spec.HasField("ttft_slo") else None,
                  tbt_slo_s=spec.tbt_slo if spec.HasField("tbt_slo") else None,
-                 priority=spec.priority)
+                 priority=spec.priority, **({"drop_reason": drop_reason} if drop_reason else {}))
 
 
 def _r(x: float | None) -> float | None:

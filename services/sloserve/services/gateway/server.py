@@ -226,7 +226,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
         timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids))
-        reason, sched_done = "abort", False
+        reason, sched_done, why = "abort", False, ""
         try:
             while True:
                 ev = await f.events.get()
@@ -234,8 +234,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                     reason = "cancelled"
                     raise GatewayError(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
                 if isinstance(ev, Drop):
-                    reason, sched_done = "dropped", True
-                    metrics.DROPS.labels(self.model, ev.reason).inc()
+                    reason, sched_done, why = "dropped", True, ev.reason
+                    metrics.DROPS.labels(self.model, metrics.drop_label(ev.reason)).inc()
                     raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                        f"request {rid}: {ev.reason}")
                 sched_done = ev.finished
@@ -256,7 +256,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         finally:
             where = self.release(f, cancel=not sched_done)
             st = self.statuses.get(where)
-            timeline.finish(self.log, spec, where, st.policy if st else "", reason)
+            timeline.finish(self.log, spec, where, st.policy if st else "", reason, why)
 
     def release(self, f: Flight, cancel: bool) -> str:
         """Forget ``f``; ``cancel``: its instance still runs it (client gone, cancelled, a

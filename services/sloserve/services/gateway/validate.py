@@ -115,8 +115,8 @@ def check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
         raise InvalidInput(f"sampling.temperature: must be >= 0, got {s.temperature}")
     if s.HasField("top_p") and not 0 < s.top_p <= 1:
         raise InvalidInput(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
-    if s.HasField("top_k") and s.top_k < 0:
-        raise InvalidInput(f"sampling.top_k: must be >= 0 (0 disables), got {s.top_k}")
+    if s.HasField("top_k") and s.top_k < -1:
+        raise InvalidInput(f"sampling.top_k: must be >= -1 (-1 or 0 disables), got {s.top_k}")
     bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
     if bad:
         raise InvalidInput(f"sampling.stop_token_ids: {bad[:3]} outside [0, {vocab_size})")
@@ -148,6 +148,8 @@ def request_spec(
         request_id=r.request_id or uuid.uuid4().hex, prompt_token_ids=ids,
         max_tokens=r.max_tokens, priority=r.priority, arrival_time=now, dispatch_time=now,
         sampling=r.sampling)
+    if spec.sampling.top_k == -1:
+        spec.sampling.top_k = 0  # vLLM's -1 (off) is our 0: the backends take k >= 0
     for name in ("ttft_slo", "tbt_slo", "jct_slo"):
         value = getattr(r, name) if r.HasField(name) else slo_defaults.get(name)
         if value is not None:

@@ -22,7 +22,7 @@ import grpc
 import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
-from sloserve.services import obs, rpc
+from sloserve.services import metrics, obs, rpc
 from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
@@ -123,6 +123,8 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
     async def _refit(self) -> None:
         self.reg.refit()
         self.current = self._published(self.current.version + 1)
+        metrics.PERF_REFITS.labels(self.model).inc()
+        metrics.PERF_FIT_MAPE.labels(self.model).set(self.current.mape)
         for q in self._watchers:
             q.put_nowait(self.current)
         self.log.info("refit", version=self.current.version, samples=self.reg.num_samples,

@@ -78,10 +78,10 @@ def _taken(
     out: scheduler_pb2.SchedulerOutput,
 ) -> None:
     for req in offloaded:
-        svc.release(req.request_id)
+        svc.release(req.request_id, "offloaded")
         out.offloaded.append(req.request_id)
     for req in dropped:
-        svc.release(req.request_id)
+        svc.release(req.request_id, "dropped")
         out.dropped.add(request_id=req.request_id, reason=req.drop_reason or DROP_BY_POLICY)
 
 
@@ -94,7 +94,7 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     if events:
         svc.store.append_tokens({ev.request_id: ev.token_id for ev in events})
         for rid in [ev.request_id for ev in events if ev.finished]:
-            svc.release(rid)
+            svc.release(rid, "finished")
     svc.send(out)
 
 

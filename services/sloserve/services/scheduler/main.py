@@ -7,14 +7,14 @@ import asyncio
 import gc
 import os
 
-from sloserve.admission import MAX_QUEUED_REQUESTS, MAX_QUEUED_TOKENS, Admission, for_deployment
+from sloserve.admission import Admission, for_deployment
 from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PrefixCachingBlockManager
 from sloserve.policies import Policy, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags, config_from_args
-from sloserve.services import obs, rpc
+from sloserve.services import admission_flags, obs, rpc
 from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
 from sloserve.services.redisconn import Outage, connect
@@ -109,17 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefix-caching", action="store_true",
                    help="share cached prompt-prefix KV blocks between requests (vLLM's "
                         "automatic prefix caching; torch, vllm and sim executors)")
-    p.add_argument("--max-queued-requests", type=int, default=MAX_QUEUED_REQUESTS,
-                   help="admission: refuse a new request when this many wait for their first "
-                        "token here (0: no bound)")
-    p.add_argument("--max-queued-tokens", type=int, default=MAX_QUEUED_TOKENS,
-                   help="admission: refuse a new request whose prompt would take the prefill "
-                        "tokens queued here past this (0: no bound)")
-    p.add_argument("--shed-late", action=argparse.BooleanOptionalAction, default=True,
-                   help="admission: refuse a new request the perf model predicts will miss "
-                        "its TTFT SLO (queue ahead + own prefill)")
-    p.add_argument("--no-admission", action="store_true",
-                   help="queue every request (no bound, no shedding)")
+    admission_flags.add_flags(p)
     p.add_argument("--hang-factor", type=float, default=HANG_FACTOR,
                    help="a batch not back by factor x its predicted time + --hang-slack is a hang")
     p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
@@ -134,14 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def admission_from_args(args: argparse.Namespace) -> Admission | None:
-    """The admission limits the flags ask for (``None``: ``--no-admission``)."""
-    if args.no_admission:
-        return None
-    try:
-        limits = Admission(args.max_queued_requests, args.max_queued_tokens, args.shed_late)
-    except ValueError as exc:
-        raise ValueError(f"--{str(exc).replace('_', '-')}") from None
-    return for_deployment(limits, args.num_hp)
+    """What this scheduler enforces: the flags' limits, for its deployment."""
+    limits = admission_flags.limits_from_args(args)
+    return None if limits is None else for_deployment(limits, args.num_hp)
 
 
 def hang_from_args(args: argparse.Namespace) -> HangDeadline:

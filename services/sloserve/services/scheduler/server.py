@@ -31,7 +31,7 @@ from sloserve.admission import Admission, refusal
 from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
-from sloserve.services import obs
+from sloserve.services import admission_flags, obs
 from sloserve.services.convert import TableDeltas, request_of, state_to_proto
 from sloserve.services.perfmodel.coefficients import Published
 from sloserve.services.proto import (
@@ -108,9 +108,13 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 raise ValueError(why)
             self.instance.add_request(req, now)
         except ValueError as exc:
+            self.log.debug("request_refused", request_id=rid, reason=str(exc))
             self.send(scheduler_pb2.SchedulerOutput(
                 dropped=[scheduler_pb2.Drop(request_id=rid, reason=str(exc))]))
             return
+        self.log.debug("request_admitted", request_id=rid, prompt_tokens=len(
+            spec.prompt_token_ids), generated=len(spec.generated_token_ids),
+            max_tokens=spec.max_tokens, priority=spec.priority)
         self.specs[rid] = spec
         if persist:
             self.store.accept(spec)
@@ -118,11 +122,13 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
 
     def cancel(self, request_id: str) -> None:
         if self.instance.cancel(request_id, self.clock.now()) is not None:
-            self.release(request_id)
+            self.release(request_id, "cancelled")
             self.wake.set()  # an idle loop flushes the removal
 
-    def release(self, request_id: str) -> None:
-        """The request left this instance (finished, cancelled, offloaded or dropped)."""
+    def release(self, request_id: str, how: str) -> None:
+        """The request left this instance (``how``: finished, cancelled, offloaded or
+        dropped; a debug line with its id)."""
+        self.log.debug("request_released", request_id=request_id, how=how)
         del self.specs[request_id]
         self.freed.append(request_id)
         self.store.forget(request_id)
@@ -278,6 +284,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             idle=self.waiting_for_wake and not self.wake.is_set(),
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
+            admission=admission_flags.to_json(self.admission),
         )
 
 
