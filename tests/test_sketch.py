@@ -64,3 +64,29 @@ def test_negative_nan_or_infinite_values_are_refused_and_nothing_changes(
 def test_rel_err_out_of_range_names_the_field() -> None:
     with pytest.raises(ValueError, match="rel_err"):
         QuantileSketch(0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 1e4)), max_size=200),
+                min_size=1, max_size=4))
+def test_merged_sketches_are_the_sketch_of_all_values(parts: list[list[float]]) -> None:
+    """Bucket-wise merge (``--workers``): the same buckets, zeros, count, extremes and
+    percentiles as one sketch of every value; the running sum up to summation order."""
+    merged = QuantileSketch()
+    for p in parts:
+        one = QuantileSketch()
+        one.add(np.array(p))
+        merged.merge(one)
+    whole = _sketch(np.array([x for p in parts for x in p]))
+    assert merged.num_buckets == whole.num_buckets
+    assert merged._lo == whole._lo or whole.num_buckets == 0
+    assert np.array_equal(merged._counts, whole._counts)
+    assert (merged.zeros, merged.count, merged.min, merged.max) == (
+        whole.zeros, whole.count, whole.min, whole.max)
+    assert merged.percentiles(*QS) == whole.percentiles(*QS)
+    assert merged.total == pytest.approx(whole.total, rel=1e-12, abs=1e-300)
+
+
+def test_merge_refuses_another_relative_error() -> None:
+    with pytest.raises(ValueError, match="rel_err"):
+        QuantileSketch(1e-3).merge(QuantileSketch(1e-2))

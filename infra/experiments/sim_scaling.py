@@ -13,6 +13,13 @@ sensitive to other processes than wall time.
         --out docs/results/sim_scaling_10k_target.json   # the issue's 10k sarathi run
     python infra/experiments/sim_scaling.py --plot docs/results/sim_scaling.json \\
         --png docs/results/sim_scaling.png
+    PYTHONPATH=shared:services python infra/experiments/sim_scaling.py --sizes 1000000 \\
+        --workers 2 --out docs/results/sim_scaling_1m_workers2.json   # two processes
+
+With ``--workers N`` the run is split over N processes (``sim.parallel``; noise from
+one stream per instance, ``--noise-streams instance``, which the split needs): CPU
+time is the whole tree's (``time -v`` counts waited-for children), and the peak RSS
+of every process is summed from the summary (``time -v`` gives only the largest).
 """
 
 from __future__ import annotations
@@ -163,13 +170,19 @@ def scaling(args: argparse.Namespace) -> list[dict[str, Any]]:
                str(args.instances), "--qps", str(args.qps_per_instance * args.instances),
                "--num-requests", str(n), "--ttft-slo", "1", "--tbt-slo", "0.15",
                "--metrics", args.metrics, "--seed", str(args.seed)]
+        if args.workers > 1:
+            cli += ["--workers", str(args.workers), "--noise-streams", "instance"]
         row = run_one(cli, args.timeout)
         row["num_requests"] = n
+        s = row.get("summary", {})
+        if "worker_peak_rss_mb" in s:  # every process's peak, summed
+            row["peak_rss_sum_mb"] = round(sum(s["worker_peak_rss_mb"])
+                                           + s["driver_peak_rss_mb"], 1)
         rows.append(row)
         out_path.write_text(json.dumps(rows, indent=1))  # partial results survive a cut-off
-        s = row.get("summary", {})
         print(f"{n:>8} requests: wall {row.get('elapsed_s')} s, cpu {row.get('cpu_s')} s, "
-              f"rss {row.get('peak_rss_mb')} MB, iterations {s.get('iterations')}, "
+              f"rss {row.get('peak_rss_sum_mb', row.get('peak_rss_mb'))} MB, "
+              f"iterations {s.get('iterations')}, "
               f"load {row['load_before']:.1f}->{row['load_after']:.1f}", flush=True)
         if row["timed_out"]:
             break
@@ -227,6 +240,9 @@ def main() -> None:
     p.add_argument("--trace", default="sharegpt")
     p.add_argument("--metrics", choices=("exact", "stream"), default="stream")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes per run (sloserve simulate --workers; adds "
+                        "--noise-streams instance)")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds per run")
     p.add_argument("--target", action="store_true", help="the issue's 10k sarathi run, exact")
     p.add_argument("--repeat", type=int, default=1, help="--target: runs to make")

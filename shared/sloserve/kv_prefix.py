@@ -234,17 +234,33 @@ class PrefixCachingBlockManager(BlockManager):
         self._registered[rid] = min(num_tokens // self.block_size, len(table))
 
 
-def prefix_stats(instances: Sequence[object]) -> dict[str, float | int]:
-    """Prefix-cache totals over ``instances`` (``Instance``-like, with a ``kv``); {} without."""
+def prefix_counts(instances: Sequence[object]) -> dict[str, int]:
+    """Prefix-cache counters summed over ``instances`` (``Instance``-like, with a ``kv``);
+    {} without prefix caching. Counters of disjoint instance sets add up."""
     kvs = [kv for i in instances if isinstance(kv := getattr(i, "kv", None),
                                                   PrefixCachingBlockManager)]
     if not kvs:
         return {}
-    query = sum(k.num_query_tokens for k in kvs)
-    hit = sum(k.num_hit_tokens for k in kvs)
+    return {
+        "prefix_query_tokens": sum(k.num_query_tokens for k in kvs),
+        "prefix_hit_tokens": sum(k.num_hit_tokens for k in kvs),
+        "prefix_evictions": sum(k.num_evictions for k in kvs),
+    }
+
+
+def prefix_report(counts: dict[str, int]) -> dict[str, float | int]:
+    """``prefix_counts`` as a run reports them, with the hit rate; {} without."""
+    if not counts:
+        return {}
+    query, hit = counts["prefix_query_tokens"], counts["prefix_hit_tokens"]
     return {
         "prefix_query_tokens": query,
         "prefix_hit_tokens": hit,
         "prefix_hit_rate": round(hit / query, 4) if query else 0.0,
-        "prefix_evictions": sum(k.num_evictions for k in kvs),
+        "prefix_evictions": counts["prefix_evictions"],
     }
+
+
+def prefix_stats(instances: Sequence[object]) -> dict[str, float | int]:
+    """Prefix-cache totals over ``instances`` (``Instance``-like, with a ``kv``); {} without."""
+    return prefix_report(prefix_counts(instances))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import chain
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,6 +58,7 @@ class Distribution(Protocol):
     """Values of one measurement: added in chunks, then a mean and percentiles."""
 
     def add(self, values: np.ndarray) -> None: ...
+    def merge(self, other: Any) -> None: ...
     def mean(self) -> float | None: ...
     def percentiles(self, *qs: float) -> list[float | None]: ...
 
@@ -70,6 +71,10 @@ class ExactDistribution:
 
     def add(self, values: np.ndarray) -> None:
         self._parts.append(values)
+
+    def merge(self, other: ExactDistribution) -> None:
+        """Every value of ``other`` too, after this one's."""
+        self._parts.extend(other._parts)
 
     def _values(self) -> np.ndarray:
         if len(self._parts) != 1:
@@ -195,6 +200,16 @@ class RunSummary:
             self.dists[k].add(arr)
         self.first_arrival = min(self.first_arrival, first)
         self.last_finish = max(self.last_finish, last)
+
+    def merge(self, other: RunSummary) -> None:
+        """Fold in another run part's summary (e.g. another worker's instances): counts
+        add, distributions merge (``Distribution.merge``), the run's span covers both."""
+        for k, v in other.counts.items():
+            self.counts[k] += v
+        for k, dist in other.dists.items():
+            self.dists[k].merge(dist)
+        self.first_arrival = min(self.first_arrival, other.first_arrival)
+        self.last_finish = max(self.last_finish, other.last_finish)
 
     def result(
         self,

@@ -73,6 +73,27 @@ class QuantileSketch:
                 self._lo, self._counts = new_lo, grown
         self._counts += np.bincount(idx - self._lo, minlength=self._counts.size)
 
+    def merge(self, other: QuantileSketch) -> None:
+        """Count every value ``other`` counted: bucket-wise sums, so the result is the
+        sketch of both value sets (the running sum up to float summation order)."""
+        if other.gamma != self.gamma:
+            raise ValueError(f"other: rel_err {other.rel_err!r} differs from {self.rel_err!r}")
+        self.count += other.count
+        self.total += other.total
+        self.zeros += other.zeros
+        self.min, self.max = min(self.min, other.min), max(self.max, other.max)
+        if other._counts.size == 0:
+            return
+        if self._counts.size == 0:
+            self._lo, self._counts = other._lo, other._counts.copy()
+            return
+        lo = min(self._lo, other._lo)
+        hi = max(self._lo + self._counts.size, other._lo + other._counts.size)
+        merged = np.zeros(hi - lo, dtype=np.int64)
+        merged[self._lo - lo:self._lo - lo + self._counts.size] += self._counts
+        merged[other._lo - lo:other._lo - lo + other._counts.size] += other._counts
+        self._lo, self._counts = lo, merged
+
     def _order_stats(self, ranks: np.ndarray) -> np.ndarray:
         """Estimated value of the order statistic of each 0-based rank."""
         cum = np.cumsum(self._counts) + self.zeros

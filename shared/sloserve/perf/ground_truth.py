@@ -43,6 +43,7 @@ multiplicative lognormal noise. N = tokens in the batch, B = sequences.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -192,6 +193,13 @@ class ProfileTiming:
         if self._ar_fixed:
             t += self._ar_fixed + self._ar_time * num_decodes
         return t
+
+    def with_noise_stream(self, seed: int | str) -> ProfileTiming:
+        """The same ground truth drawing its noise from its own stream seeded ``seed``
+        (one per simulated instance: ``SimConfig.noise_streams``); tables are shared."""
+        timing = copy.copy(self)
+        timing._noise = RunToRunNoise(seed, self.noise_cv)
+        return timing
 
     def batch_time(self, shape: BatchShape) -> float:
         """Measured duration of ``shape``: noiseless time x lognormal noise (mean 1)."""

@@ -20,6 +20,7 @@ so the regression's tM/tF use the measured peaks.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from collections.abc import Sequence
@@ -92,6 +93,13 @@ class MeasuredTiming:
         if shape.is_empty:
             return 0.0
         return float(np.dot(self.coefficients, features(shape)))
+
+    def with_noise_stream(self, seed: int | str) -> MeasuredTiming:
+        """The same ground truth drawing its noise from its own stream seeded ``seed``
+        (one per simulated instance: ``SimConfig.noise_streams``); tables are shared."""
+        timing = copy.copy(self)
+        timing._noise = RunToRunNoise(seed, self.noise_cv)
+        return timing
 
     def batch_time(self, shape: BatchShape) -> float:
         """Fitted time of ``shape`` x lognormal noise (mean 1, CV ``noise_cv``)."""

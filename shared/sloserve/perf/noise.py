@@ -25,7 +25,7 @@ TIE = 1e-9  # accept tests this close (relative) are redone with math.log, as Py
 class FactorStream:
     """``lognormvariate(mu, sigma)`` of ``random.Random(seed)``, drawn ahead in blocks."""
 
-    def __init__(self, seed: int, mu: float, sigma: float) -> None:
+    def __init__(self, seed: int | str, mu: float, sigma: float) -> None:
         self._mu, self._sigma = mu, sigma
         _, state, _ = random.Random(seed).getstate()
         self._bits = np.random.MT19937()
@@ -61,9 +61,10 @@ class FactorStream:
 
 
 class RunToRunNoise:
-    """Deterministic for a seed; ``cv = 0`` leaves times untouched."""
+    """Deterministic for a seed (an int, or a string such as ``stream_seed``'s: seeded as
+    ``random.Random`` seeds it); ``cv = 0`` leaves times untouched."""
 
-    def __init__(self, seed: int = 0, cv: float = 0.03) -> None:
+    def __init__(self, seed: int | str = 0, cv: float = 0.03) -> None:
         if cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {cv}")
         self._sigma = math.sqrt(math.log1p(cv * cv))
@@ -74,3 +75,9 @@ class RunToRunNoise:
         if self._sigma and t:
             return t * self._draw()
         return t
+
+
+def stream_seed(seed: int, instance: int) -> str:
+    """The seed of instance ``instance``'s own noise stream in a run seeded ``seed``
+    (``SimConfig.noise_streams == "instance"``)."""
+    return f"{seed}/instance/{instance}"

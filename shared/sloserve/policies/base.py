@@ -358,6 +358,10 @@ class Policy(ABC):
 
     name: ClassVar[str]
     config_cls: ClassVar[type[PolicyConfig]] = PolicyConfig
+    # False promises that no method ever reads ``view.perf_model``: the instance's decisions
+    # then never depend on the online model every instance's batches refit, so its
+    # instances may be simulated apart (``sim.split``, ``--workers``)
+    reads_perf_model: ClassVar[bool] = True
 
     def __init__(self, config: PolicyConfig | None = None) -> None:
         cfg = self.config_cls() if config is None else config

@@ -44,6 +44,7 @@ class OrcaConfig(PolicyConfig):
 class OrcaPolicy(Policy):
     name = "orca"
     config_cls = OrcaConfig
+    reads_perf_model = False
     config: OrcaConfig
 
     def steady_decodes(self) -> int:

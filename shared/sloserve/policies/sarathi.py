@@ -34,6 +34,7 @@ class SarathiConfig(BudgetConfig):
 class SarathiPolicy(Policy):
     name = "sarathi"
     config_cls = SarathiConfig
+    reads_perf_model = False
     config: SarathiConfig
 
     def __init__(self, config: PolicyConfig | None = None) -> None:

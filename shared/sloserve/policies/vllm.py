@@ -60,6 +60,7 @@ class VllmConfig(PolicyConfig):
 class VllmPolicy(Policy):
     name = "vllm"
     config_cls = VllmConfig
+    reads_perf_model = False
     config: VllmConfig
 
     def steady_decodes(self) -> int:

@@ -9,6 +9,7 @@ from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
 from sloserve.policies.registry import check_deployment, get_spec
+from sloserve.sim.split import split_refusal
 
 
 @dataclass(slots=True)
@@ -34,6 +35,9 @@ class SimConfig:
     block_size: int = 16
     num_blocks: int | None = None  # KV capacity; default from GPU memory
     noise_cv: float = 0.03  # run-to-run noise of the ground truth
+    # "run": every batch's noise from one stream, in global batch order (every figure so
+    # far); "instance": each instance from its own stream (``perf.noise.stream_seed``)
+    noise_streams: str = "run"
     policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
@@ -55,6 +59,9 @@ class SimConfig:
     # run the iterations a policy declared steady without asking it (``sim.steady``): the same
     # decisions, timings and summary; False asks the policy every iteration (tests compare)
     steady: bool = True
+    # processes: the instances split into this many groups, merged (``sim.parallel``); only
+    # where no instance's run depends on another's (``sim.split``), else refused
+    workers: int = 1
 
     def validate(self) -> None:
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
@@ -78,6 +85,13 @@ class SimConfig:
                              "heterogeneous mix; add --slo-mix hetero")
         if self.noise_cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {self.noise_cv}")
+        if self.noise_streams not in ("run", "instance"):
+            raise ValueError(f"noise_streams (--noise-streams): must be 'run' or 'instance', "
+                             f"got {self.noise_streams!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
+        if self.workers > 1 and (why := split_refusal(self)) is not None:
+            raise ValueError(why)
 
     def resolved_policy_config(self) -> PolicyConfig:
         """The policy's config with its SLO-dependent defaults (token budget) filled in."""

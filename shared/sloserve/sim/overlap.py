@@ -68,7 +68,7 @@ class OverlapSimulation(Simulation):
             return False
         plan, shape = decided
         start = after + self._gap(back_to_back)
-        end = start + self.timing.batch_time(shape)
+        end = start + self._batch_time[k](shape)
         self.queued[k] = (plan, shape, start, end,
                           self.instances[k].complete(plan, end, every_token=False))
         return True

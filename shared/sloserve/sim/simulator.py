@@ -23,11 +23,12 @@ from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
 from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
-from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_stats
+from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_counts
 from sloserve.metrics import RunSummary
 from sloserve.perf.base import TimingSource
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import ModelShape, get_model
+from sloserve.perf.noise import stream_seed
 from sloserve.perf.regression import AscendraRegression
 from sloserve.perf.sweep import profile_sweep
 from sloserve.policies import get_spec, instance_roles
@@ -38,8 +39,10 @@ from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
 from sloserve.sim.overhead import OverheadProfile, OverheadSampler
+from sloserve.sim.report import RunTotals, run_summary
+from sloserve.sim.split import PartObservations
 from sloserve.sim.steady import DecodeTime, SteadyRun
-from sloserve.sketch import DEFAULT_REL_ERR, QuantileSketch
+from sloserve.sketch import QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
@@ -59,6 +62,19 @@ def build_timing(cfg: SimConfig) -> TimingSource:
     from sloserve.perf.ground_truth import ProfileTiming
 
     return ProfileTiming(cfg.model, cfg.gpu, seed=cfg.seed, noise_cv=cfg.noise_cv, tp=cfg.tp)
+
+
+def instance_timings(cfg: SimConfig, timing: TimingSource,
+                     indices: list[int]) -> list[TimingSource]:
+    """The ground truth of each instance (by overall index): ``timing`` itself, or with
+    ``noise_streams="instance"`` a copy drawing from that instance's own noise stream."""
+    if cfg.noise_streams == "run":
+        return [timing] * len(indices)
+    own = getattr(timing, "with_noise_stream", None)
+    if own is None:
+        raise ValueError("noise_streams (--noise-streams): 'instance' needs a ground truth "
+                         f"with with_noise_stream, not a {type(timing).__name__}")
+    return [own(stream_seed(cfg.seed, k)) for k in indices]
 
 
 def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
@@ -110,9 +126,11 @@ def quiet_gc(young: int = GC_YOUNG) -> Iterator[None]:
 
 
 class Simulation:
-    """One run: instances, router, shared online perf model, event queue."""
+    """One run: instances, router, shared online perf model, event queue. ``part=(g, n)``
+    simulates only the instances whose index is ``g`` mod ``n`` (``sim.parallel``): every
+    arrival is still routed, and one routed elsewhere leaves this part at once."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: SimConfig, part: tuple[int, int] | None = None) -> None:
         cfg.validate()
         self.cfg = cfg
         self.model = get_model(cfg.model)
@@ -128,30 +146,35 @@ class Simulation:
         else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
             self.perf_model.refit_every = 1 << 62
         # what the policies see: the same model, its observations applied lazily (sim.deferred)
-        self.policy_perf = DeferredObservations(self.perf_model)
+        # (a part of a split run: only what cannot differ from the whole run's, ``sim.split``)
+        self.policy_perf = (DeferredObservations if part is None
+                            else PartObservations)(self.perf_model)
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.workload = build_workload(cfg, self.model, self.timing)
         # no prefix identity, nothing to share: the plain manager (results unchanged)
         kv_cls = (PrefixCachingBlockManager if cfg.prefix_caching and any(
             r.hash_ids is not None for r in self.workload.requests) else BlockManager)
+        roles = instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
+        mine = [k for k in range(len(roles)) if part is None or k % part[1] == part[0]]
         self.instances = [
             Instance(
-                iid,
-                spec.make(role, self.policy_config, num_hp=cfg.hp_instances),
+                roles[k][0],
+                spec.make(roles[k][1], self.policy_config, num_hp=cfg.hp_instances),
                 kv_cls(num_blocks, cfg.block_size),
                 self.policy_perf,
-                role=role,
+                role=roles[k][1],
             )
-            for iid, role in instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
+            for k in mine
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
-        router = PrefixRouter([i.instance_id for i in self.instances],
+        router = PrefixRouter([iid for iid, _ in roles],
                               capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
                               ) if cfg.prefix_routing else None
-        self.controller = Controller(
-            [(i.instance_id, i.role) for i in self.instances], record=cfg.record_decisions,
-            prefix_router=router)
+        # every instance, this part's or not: arrivals are placed as in one process
+        self.controller = Controller(roles, record=cfg.record_decisions, prefix_router=router)
+        timings = instance_timings(cfg, self.timing, mine)
+        self._batch_time = [t.batch_time for t in timings]
         self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
         self.admission = (None if cfg.admission is None
@@ -172,7 +195,8 @@ class Simulation:
         self._ticket_hook = [type(i.policy).offers_ticket is not Policy.offers_ticket
                              for i in self.instances]
         # steady runs (sim.steady): most decodes each instance's policy promises a plan for
-        self._decode_time: DecodeTime | None = getattr(self.timing, "decode_batch_time", None)
+        self._decode_time: list[DecodeTime | None] = [getattr(t, "decode_batch_time", None)
+                                                      for t in timings]
         self._steady_limit = [self._steady_limit_of(k) for k in range(len(self.instances))]
         self.num_steady = 0  # iterations started in steady runs (no policy call), at run ends
         # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
@@ -187,7 +211,7 @@ class Simulation:
         to see each iteration: a hook, a plan or sample record, an overhead gap, prefix
         caching, a ground truth without ``decode_batch_time``, or steady runs turned off."""
         inst, cfg = self.instances[k], self.cfg
-        if (not cfg.steady or self._decode_time is None or cfg.overlap or cfg.record_samples
+        if (not cfg.steady or self._decode_time[k] is None or cfg.overlap or cfg.record_samples
                 or cfg.record_decisions or self.overhead is not None or inst.kv.prefix_caching
                 or self._ticket_hook[k] or inst.has_batch_end_hook):
             return 0
@@ -200,11 +224,17 @@ class Simulation:
 
     # --- driving ----------------------------------------------------------
     def run(self) -> dict[str, Any]:
+        wall0 = time.perf_counter()
+        end = self.run_events()
+        return self._summary(end, time.perf_counter() - wall0)
+
+    def run_events(self) -> float:
+        """Every event, without the summary (``sim.parallel``): the last one's time."""
         with quiet_gc():
             return self._run()
 
-    def _run(self) -> dict[str, Any]:
-        wall0 = time.perf_counter()
+    def _run(self) -> float:
+        """Every event, in order; the last one's time."""
         reqs: list[Request | None] = list(self.workload.requests)  # each dropped on arrival
         times = [r.arrival_time for r in self.workload.requests]
         if self.stream is not None:
@@ -226,13 +256,17 @@ class Simulation:
             now, _, inst = pop(heap)
             finish(inst, now)
         self.policy_perf.flush()  # the model as it would be after every observation
-        return self._summary(now, time.perf_counter() - wall0)
+        return now
 
     def _carry_out(self, action: Action, now: float) -> None:
         """Do what the controller decided: place a request, or end it as dropped."""
         req = self.requests[action.request_id]
         if isinstance(action, Dispatch):
-            k = self.index[action.instance_id]
+            k = self.index.get(action.instance_id)
+            if k is None:  # another part's instance (``part``): it leaves this one
+                self.controller.on_cancel(action.request_id, now)
+                del self.requests[action.request_id]
+                return
             run = self.in_flight[k]
             if isinstance(run, SteadyRun):  # it is looked at and changed: written back first,
                 run.write_back()  # and its iteration in flight is its last steady one
@@ -266,9 +300,9 @@ class Simulation:
         if self.in_flight[k] is not None or not self.instances[k].has_work:
             return
         if self._steady_limit[k]:
-            assert self._decode_time is not None
-            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now,
-                                     self._decode_time)
+            decode_time = self._decode_time[k]
+            assert decode_time is not None
+            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now, decode_time)
             if steady is not None:
                 self.in_flight[k], end = steady
                 self.ends.push(end, k)
@@ -278,7 +312,7 @@ class Simulation:
             return
         plan, shape = decided
         start = now + self._gap(back_to_back)
-        self._start(k, plan, shape, start, start + self.timing.batch_time(shape))
+        self._start(k, plan, shape, start, start + self._batch_time[k](shape))
 
     def _decide(self, k: int, now: float) -> tuple[BatchPlan, BatchShape] | None:
         """The policy's plan for instance ``k`` at ``now`` (applied: KV, queues), its
@@ -372,43 +406,27 @@ class Simulation:
         self.controller.on_instance_state(
             inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
 
-    def _summary(self, end: float, wall: float) -> dict[str, Any]:
-        from sloserve.metrics import summarize
-
+    def totals(self, end: float) -> RunTotals:
+        """What this run (or part) added up, steady runs cut short settled first."""
         for k, flight in enumerate(self.in_flight):
             if isinstance(flight, SteadyRun):  # a run cut short: its instance as it stands
                 self._settle(k)
-        kv_util = self.kv_util_sum / max(1, self.num_iterations)
-        preemptions = sum(i.num_preemptions for i in self.instances)
-        out: dict[str, Any]
+        return RunTotals(end, self.num_iterations, self.num_offloads, self.kv_util_sum,
+                         sum(i.num_preemptions for i in self.instances),
+                         prefix_counts(self.instances))
+
+    def measured(self) -> RunSummary | list[Request]:
+        """Its requests' measurements: the streaming summary with the unfinished folded in,
+        or (exact mode) this run's requests in workload order."""
         if self.stream is None:
-            out = dict(summarize(self.workload.requests, kv_utilization=kv_util,
-                                 preemptions=preemptions))
-        else:  # the unfinished ones too, then the constant-size summary
-            self.stream.add(self._retired + list(self.requests.values()))
-            self._retired, self.requests = [], {}
-            out = dict(self.stream.result(kv_utilization=kv_util, preemptions=preemptions))
-            out.update(metrics="stream", percentile_rel_err=DEFAULT_REL_ERR)
-        out.update(
-            policy=self.cfg.policy,
-            instances=self.cfg.instances,
-            hp_instances=self.cfg.hp_instances,
-            model=self.cfg.model,
-            gpu=self.cfg.gpu if self.cfg.timing_profile is None else "cpu-profile",
-            qps=self.cfg.qps,
-            seed=self.cfg.seed,
-            token_budget=getattr(self.policy_config, "token_budget", None),
-            too_long=self.workload.num_too_long,
-            iterations=self.num_iterations,
-            offloads=self.num_offloads,
-            sim_time_s=end,
-            sim_wall_s=round(wall, 3),
-        )
-        out.update(prefix_stats(self.instances))
-        if self.cfg.overhead_profile is not None:
-            out["overhead_profile"] = self.cfg.overhead_profile
-        if self.cfg.overlap:
-            out["overlap"] = True
+            return [r for r in self.workload.requests if r.request_id in self.requests]
+        self.stream.add(self._retired + list(self.requests.values()))
+        self._retired, self.requests = [], {}
+        return self.stream
+
+    def _summary(self, end: float, wall: float) -> dict[str, Any]:
+        totals = self.totals(end)
+        out = run_summary(self.cfg, self.measured(), totals, self.workload.num_too_long, wall)
         if (router := self.controller.prefix_router) is not None:
             out["prefix_routed_to_match"] = router.num_matched
         return out
@@ -416,6 +434,10 @@ class Simulation:
 
 def simulate(cfg: SimConfig) -> dict[str, Any]:
     """Run one simulation and return the metrics JSON object (docs/design.md definitions)."""
+    if cfg.workers > 1:
+        from sloserve.sim.parallel import simulate_parallel
+
+        return simulate_parallel(cfg)
     if cfg.overlap:
         from sloserve.sim.overlap import OverlapSimulation
 
