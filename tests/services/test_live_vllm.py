@@ -12,8 +12,9 @@ from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.stack import Stack
 
 
-# the executor compiles the model as `up` and stock vllm serve do (the acceptance path; 100-200 s here, more than 300 s
-# on this 2-core machine when it is busy): longer than the suite's default timeout
+# the executor compiles the model as `up` and stock vllm serve do (the acceptance path;
+# 100-200 s here, more than 300 s on this 2-core machine when it is busy): longer than the
+# suite's default timeout
 @pytest.mark.timeout(900)
 def test_vllm_stack_streams_greedy_paris_next_to_a_chunked_request(
     start_stack: Callable[..., Stack],
