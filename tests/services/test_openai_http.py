@@ -15,6 +15,7 @@ import pytest
 from openai.types.chat import ChatCompletionMessageParam
 
 from sloserve.client import Client
+from sloserve.services.gateway.validate import MAX_MESSAGE_BYTES
 from sloserve.services.stack import Stack
 from sloserve.services.store import free_port
 
@@ -75,6 +76,19 @@ def test_bad_requests_get_openai_error_json(stack: Stack, body: dict[str, object
     err = r.json()["error"]
     assert set(err) == {"message", "type", "param", "code"}
     assert err["param"] == param and err["message"].startswith(param)
+
+
+def test_a_body_over_the_message_limit_is_refused_unread_with_400(stack: Stack) -> None:
+    limit = MAX_MESSAGE_BYTES  # the gateway's default, the gRPC API's bound
+    big = json.dumps({"prompt": "x" * (limit + 1), "max_tokens": 1}).encode()
+    # with a Content-Length: refused before the body is read; chunked: once it passes it
+    for content in (big, iter([big[:limit // 2], big[limit // 2:]])):
+        r = httpx.post(stack.http + "/v1/completions", content=content, timeout=30)
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert err["param"] == "body" and f"limit of {limit} bytes" in err["message"]
+    ok = httpx.post(stack.http + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert ok.status_code == 200  # and the gateway serves on
 
 
 def test_openai_client_raises_its_own_error_types(stack: Stack) -> None:

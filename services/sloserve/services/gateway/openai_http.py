@@ -298,6 +298,22 @@ def _sse(obj: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
+async def capped_body(request: Request, limit: int) -> bytes:
+    """The body, refused before it is read (or once it passes ``limit``, when it has no
+    Content-Length) if it is over the gateway's message limit: the gRPC API's bound, so a
+    huge body is neither buffered nor parsed on the event loop (issue 11, input limits)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise BadRequest(f"body: {declared} bytes, over the gateway's limit of {limit} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BadRequest(f"body: over the gateway's limit of {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 # --- the app ----------------------------------------------------------------------------
 def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> FastAPI:
     app = FastAPI(title="sloserve", docs_url=None, redoc_url=None, openapi_url=None)
@@ -356,7 +372,9 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
 
     async def serve(request: Request, chat: bool) -> Response:
         try:
-            body = json.loads(await request.body())
+            body = json.loads(await capped_body(request, svc.limits.inputs.max_message_bytes))
+        except BadRequest as exc:
+            return error_response(exc)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error_response(BadRequest(f"body: not valid JSON ({exc})"))
         try:
