@@ -84,7 +84,7 @@ def start_up(args: argparse.Namespace) -> subprocess.Popen[str]:
     return up
 
 
-def loads(args: argparse.Namespace) -> int:
+def loads(args: argparse.Namespace, prof: dict[str, Any] | None) -> int:
     """Live vs sim at ``args.loads`` x the simulated goodput capacity, one stack."""
     cap = json.loads(run(["sloserve", "capacity", *sim_flags(args), "--admission", "--overlap",
                           "--criterion", "goodput", "--target", "0.9",
@@ -117,8 +117,8 @@ def loads(args: argparse.Namespace) -> int:
     finally:
         up.terminate()
         up.wait(timeout=60)
-    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "capacity": cap,
-           "capacity_qps": capacity, "rows": rows}
+    doc = {"args": {k: str(v) for k, v in vars(args).items()}, "profile_fit": prof,
+           "capacity": cap, "capacity_qps": capacity, "rows": rows}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
@@ -158,7 +158,7 @@ def main() -> int:
                                "--json", "--out", str(args.profile)]))
         print("profile:", json.dumps(prof), flush=True)
     if args.loads:
-        return loads(args)
+        return loads(args, prof)
     up = start_up(args)
     try:
         start = time.time()
