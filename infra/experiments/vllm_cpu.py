@@ -48,10 +48,13 @@ METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 
 
 def run(cmd: list[str]) -> str:
+    """The command's JSON line (its last stdout line that is an object: vLLM's engine may
+    log to stdout before it)."""
     res = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd[:4])}... failed:\n{res.stderr[-2000:]}")
-    return res.stdout
+    lines = [ln for ln in res.stdout.splitlines() if ln.startswith("{")]
+    return lines[-1] if lines else res.stdout
 
 
 def workload(args: argparse.Namespace, qps: float | None = None) -> list[str]:
