@@ -68,6 +68,8 @@ def test_non_streamed_chat_has_usage_counting_the_chatml_prompt(stack: Stack) ->
     ({"prompt": "x", "ttft_slo_ms": "soon"}, 400, "ttft_slo_ms"),
     ({"prompt": 5}, 400, "prompt"),
     ({"prompt": "x", "model": "llama-99b"}, 404, "model"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+    ({"prompt": "x", "stream": True, "stream_options": True}, 400, "stream_options"),
 ])
 def test_bad_requests_get_openai_error_json(stack: Stack, body: dict[str, object], status: int,
                                             param: str) -> None:

@@ -189,6 +189,11 @@ def generate_request(body: Any, headers: Any, chat: bool, served: str,
     for name, allowed in UNSUPPORTED.items():
         if name in body and body[name] not in allowed:
             raise BadRequest(f"{name}: not supported by sloserve")
+    opts = body.get("stream_options")
+    if opts is not None and body.get("stream") is not True:  # as OpenAI and vLLM answer
+        raise BadRequest("stream_options: only allowed when stream is true")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("stream_options: must be an object")
     req = gateway_pb2.GenerateRequest(sampling=_sampling(body))
     if chat:
         _messages(body, req)
