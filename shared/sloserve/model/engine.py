@@ -79,7 +79,11 @@ class TorchEngine:
         self.dtype = DTYPES[dtype]
         ckpt = self._checkpoint(model, weights)
         self.config: LlamaConfig = ckpt.config if ckpt else get_config(model)
-        net = LlamaModel(self.config)
+        if ckpt is None and self.device.type == "cuda":
+            with self.device:  # random weights made on the GPU: an 8B model in seconds
+                net = LlamaModel(self.config)
+        else:
+            net = LlamaModel(self.config)
         if ckpt:
             load_into(net, ckpt.state_dict, weights or self.config.name)
         else:

@@ -134,13 +134,16 @@ class LlamaModel(nn.Module):
 
     def init_random(self, seed: int) -> None:
         """Deterministic random weights (normal, std 0.02, as HF's initializer_range)."""
-        gen = torch.Generator().manual_seed(seed)
+        gens: dict[torch.device, torch.Generator] = {}  # one stream per device, drawn there
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if name.endswith("layernorm.weight") or name == "norm.weight":
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+                    gen = gens.get(p.device)
+                    if gen is None:
+                        gen = gens[p.device] = torch.Generator(p.device).manual_seed(seed)
+                    p.copy_(torch.randn(p.shape, generator=gen, device=p.device) * 0.02)
 
     def forward(
         self,
