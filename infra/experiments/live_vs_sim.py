@@ -28,6 +28,13 @@ CELL is ``sarathi:0.5`` etc. (default: all six). Raw per-run files go to
 ``--num-requests N`` (default 200) runs N requests per run instead, with its own
 capacity, raw files (``live_vs_sim_nN/``) and table (``live_vs_sim_nN.json``): a P99
 over 200 requests is their second-highest value, the simulation's own noise floor.
+
+``--noise replay`` (the default since 2026-11-26): the simulations draw the ground truth's
+noise from the streams the stack's executors draw (``--noise-streams instance
+--noise-seed 0``, as ``bench --compare-sim`` now does), so live and simulated batches
+get the same noise factors; files end ``_replay``. ``--noise run`` is how every table
+before it was made: one stream seeded by the workload's seed 4, while the executors
+drew theirs from seeds 0, 1, 2 (different draws on every instance).
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ LOADS = (0.5, 0.7, 0.9)
 CALIBRATION_LOAD, CALIBRATION_SEED = 0.6, 5
 WORKLOAD = ["--trace", "sharegpt", "--num-requests", "200"]
 SEED = 4
+STACK_SEED = 0  # `up --seed`: executor k draws its noise from stream_seed(0, k)
+REPLAY = True  # simulate draws the executors' noise (--noise run: one stream seeded SEED)
 METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 CLI = [sys.executable, "-m", "sloserve.services.cli"]
 
@@ -133,7 +142,7 @@ def live_run(dep: str, qps: float, seed: int, name: str) -> dict[str, Any]:
     os.environ["SLOSERVE_INTERNAL_TOKEN"] = new_token()  # the stack's and bench's
     profile = RAW / f"{name}.profile.json"
     cfg = StackConfig(policy=d["policy"], instances=d["instances"],
-                      hp_instances=d["hp_instances"],
+                      hp_instances=d["hp_instances"], seed=STACK_SEED,
                       gateway_port=21000 + (os.getpid() + int(qps * 100)) % 1000,
                       redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
                       log_dir=Path(tempfile.mkdtemp(prefix="h14a-lvs-")))
@@ -171,6 +180,8 @@ def live(cells: list[str]) -> None:
 def simulate(dep: str, qps: float, profile: str | None, overlap: bool) -> dict[str, Any]:
     argv = [*CLI, "simulate", *_flags(dep), *WORKLOAD, "--qps", f"{qps:.4f}",
             "--seed", str(SEED), "--admission", "--json"] + (["--overlap"] if overlap else [])
+    if REPLAY:  # the stack's executors' own noise streams (bench --compare-sim does the same)
+        argv += ["--noise-streams", "instance", "--noise-seed", str(STACK_SEED)]
     if profile:
         argv += ["--overhead-profile", str(ROOT / profile)]
     return _nice(argv)
@@ -262,6 +273,8 @@ def noise(seeds: int = 10) -> None:
             vals: dict[str, list[float]] = {m: [] for m in METRICS}
             for k in range(seeds):
                 out = run_sim(dataclasses.replace(
+                    base, noise_seed=1000 + k, noise_streams="instance") if REPLAY else
+                    dataclasses.replace(
                     base, timing=ProfileTiming("llama-3-8b", "a100", seed=1000 + k)))
                 for m in METRICS:
                     vals[m].append(out[m])
@@ -310,24 +323,29 @@ def markdown() -> None:
                   f"{r['live'][m] * 1e3:.1f} ms | " + " | ".join(cells) + f" | {sd} |")
 
 
-def use_num_requests(n: int) -> None:
-    """Point the workload, the raw files and the table at ``n`` requests per run."""
-    global RAW, OUT
-    if n == 200:
-        return
+def use_num_requests(n: int, noise: str) -> None:
+    """Point the workload, the raw files and the table at ``n`` requests per run, and at
+    the noise mode: ``replay`` files end ``_replay`` (the tables before it were ``run``)."""
+    global RAW, OUT, REPLAY
+    REPLAY = noise == "replay"
+    stem = "live_vs_sim" + (f"_n{n}" if n != 200 else "") + ("_replay" if REPLAY else "")
     WORKLOAD[-1] = str(n)
-    RAW = ROOT / "docs" / "results" / f"live_vs_sim_n{n}"
-    OUT = ROOT / "docs" / "results" / f"live_vs_sim_n{n}.json"
+    RAW = ROOT / "docs" / "results" / stem
+    OUT = ROOT / "docs" / "results" / f"{stem}.json"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num-requests", type=int, default=200)
+    p.add_argument("--noise", choices=("replay", "run"), default="replay",
+                   help="replay: simulate draws the live executors' noise streams (default); "
+                        "run: one stream seeded by the workload seed (the tables before "
+                        "2026-11-26's replay)")
     p.add_argument("phase", choices=("capacity", "calibrate", "live", "table", "markdown",
                                           "noise"))
     p.add_argument("cells", nargs="*", default=[f"{d}:{x:g}" for d in DEPLOYMENTS for x in LOADS])
     args = p.parse_args()
-    use_num_requests(args.num_requests)
+    use_num_requests(args.num_requests, args.noise)
     if args.phase == "capacity":
         print(capacity())
     elif args.phase == "calibrate":

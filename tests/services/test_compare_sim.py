@@ -46,6 +46,10 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     assert (cfg["policy"], cfg["instances"], cfg["hp_instances"], cfg["seed"], cfg["qps"]) == (
         "sarathi", 1, 0, 3, 8.0)
     assert cfg["overlap"] is True and cfg["policy_config"]["token_budget"] == 512
+    # its ground truth draws the executor's own noise (the stack's seed 0, instance 0's
+    # stream), not a stream seeded by the workload's seed 3
+    assert (cfg["noise_replayed"], cfg["noise_seed"], cfg["noise_streams"],
+            cfg["noise_cv"]) == (True, 0, "instance", 0.03)
     assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
     assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0
     # the same run on the instances' clock (iteration ends): tokens leave before the gateway

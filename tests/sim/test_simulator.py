@@ -60,6 +60,21 @@ def test_bad_config_names_the_field() -> None:
         simulate(dataclasses.replace(SMALL, qps=0))
     with pytest.raises(ValueError, match="model"):
         simulate(dataclasses.replace(SMALL, model="gpt-5"))
+    with pytest.raises(ValueError, match=r"noise_seed \(--noise-seed\): must be an integer"):
+        simulate(dataclasses.replace(SMALL, noise_seed="0"))  # type: ignore[arg-type]
+
+
+def test_noise_seed_moves_the_ground_truth_and_leaves_the_workload() -> None:
+    """``noise_seed`` (a live stack's ``up --seed``) seeds the noise only: the same
+    requests arrive; given as the run's own seed it changes nothing."""
+    same = simulate(dataclasses.replace(SMALL, noise_seed=SMALL.seed))
+    other = Simulation(dataclasses.replace(SMALL, noise_seed=11))
+    base = Simulation(SMALL)
+    out, ref = other.run(), base.run()
+    assert same["ttft_p50"] == ref["ttft_p50"] and same["tbt_p99"] == ref["tbt_p99"]
+    assert ([(r.arrival_time, r.prompt_len, r.output_len) for r in other.workload.requests]
+            == [(r.arrival_time, r.prompt_len, r.output_len) for r in base.workload.requests])
+    assert out["ttft_p50"] != ref["ttft_p50"]
 
 
 def test_a_run_tunes_the_cyclic_gc_only_while_it_runs() -> None:

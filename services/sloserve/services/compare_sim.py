@@ -17,13 +17,20 @@ during the run (``Status.unhidden_samples_s``, pooled over instances) as such a
 profile. The scheduler's internal plane may require ``$SLOSERVE_INTERNAL_TOKEN``
 (``sloserve up`` generates one unless it is set): set it for both commands.
 
+The simulation draws the ground truth's noise as the stack's sim executors did
+(``live_noise``: executor ``k`` of a stack seeded ``S`` draws ``stream_seed(S, k)``,
+``simulate --noise-streams instance --noise-seed S``), so both runs see the same
+batch-time noise for the same batches on the same instance.
+
 Reported per metric: live, sim, and the relative difference (live - sim) / sim.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,6 +106,24 @@ async def statuses(info: dict[str, Any], samples: bool = False) -> list[Any]:
     return out
 
 
+def live_noise(inst: list[dict[str, Any]]) -> tuple[int, float] | None:
+    """``(seed, cv)`` of the stack's ground-truth noise where ``simulate`` can replay it:
+    every instance a sim executor drawing ``stream_seed(seed, k)``, ``k`` its index in
+    its id (``lp0``, ``lp1``, ``hp2``, as the simulator names them), one seed and CV for
+    all. None otherwise (another backend, a fixed batch time, hand-set seeds)."""
+    seeds, cvs = set(), set()
+    for i in inst:
+        iid = re.fullmatch(r"[a-z]+(\d+)", i.get("instance_id", ""))
+        stream = re.fullmatch(r"(-?\d+)/instance/(\d+)", i.get("noise_stream", ""))
+        if iid is None or stream is None or stream.group(2) != iid.group(1):
+            return None
+        seeds.add(int(stream.group(1)))
+        cvs.add(float(i.get("noise_cv", 0.0)))
+    if len(seeds) != 1 or len(cvs) != 1:
+        return None
+    return seeds.pop(), cvs.pop()
+
+
 def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
                overhead_profile: str | None) -> SimConfig:
     """The ``SimConfig`` that replays ``args``' workload on the stack ``info`` describes."""
@@ -119,7 +144,7 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
     config = spec.config_cls(**{k: v for k, v in raw.items() if k in knobs})
     inst = info["instances"]
     ttft, tbt = workload_slos(args.ttft_slo, args.tbt_slo, args.slo_mix)
-    return SimConfig(
+    cfg = SimConfig(
         policy=policy, model=info["model"], gpu=inst[0]["hardware"], instances=len(inst),
         hp_instances=sum(1 for i in inst if i.get("role") == "hp"),
         trace=args.trace, trace_file=args.trace_file, qps=args.qps,
@@ -131,6 +156,13 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
         prefix_caching=False,  # `up` runs its schedulers without prefix caching
     )
+    # the executors' own noise draws where they can be replayed, else one stream seeded by
+    # the workload's seed (the simulator's default)
+    noise = live_noise(inst)
+    if noise is None:
+        return cfg
+    return dataclasses.replace(cfg, noise_seed=noise[0], noise_cv=noise[1],
+                               noise_streams="instance")
 
 
 def _request_throughput(out: dict[str, Any]) -> float | None:
@@ -162,6 +194,10 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
                        "hp_instances": cfg.hp_instances, "model": cfg.model, "gpu": cfg.gpu,
                        "num_blocks": cfg.num_blocks, "qps": cfg.qps, "seed": cfg.seed,
                        "overhead_profile": cfg.overhead_profile, "overlap": cfg.overlap,
+                       "noise_seed": cfg.truth_seed, "noise_streams": cfg.noise_streams,
+                       "noise_cv": cfg.noise_cv,
+                       # the executors' own noise draws, not the workload seed's stream
+                       "noise_replayed": live_noise(info["instances"]) is not None,
                        "policy_config": json.loads(sts[0].policy_config)},
         "metrics": differences(live, sim),
         "live_unhidden_p50_ms": [st.unhidden_p50_s * 1e3 for st in sts],

@@ -59,8 +59,11 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--noise-streams", choices=("run", "instance"), default="run",
                    help="run: every batch's noise from one stream in global batch order "
-                        "(default); instance: one stream per instance (--workers needs it "
-                        "when --noise-cv > 0)")
+                        "(default); instance: one stream per instance, as the live stack's "
+                        "sim executors draw it (--workers needs it when --noise-cv > 0)")
+    p.add_argument("--noise-seed", type=int, default=None,
+                   help="the ground truth's seed (noise, profiling sweep; default --seed): "
+                        "a live stack's `up --seed`, to replay its draws")
     p.add_argument("--workers", type=_positive(int), default=1,
                    help="processes: the instances split into this many groups, results "
                         "merged; only where exact (round-robin routing, no HP, no policy "
@@ -114,7 +117,8 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
         seed=args.seed, tp=args.tp,
-        noise_cv=args.noise_cv, noise_streams=args.noise_streams, workers=args.workers,
+        noise_cv=args.noise_cv, noise_streams=args.noise_streams,
+        noise_seed=args.noise_seed, workers=args.workers,
         timing_profile=args.timing_profile, metrics=args.metrics,
         overhead_profile=getattr(args, "overhead_profile", None),
         overlap=getattr(args, "overlap", False),

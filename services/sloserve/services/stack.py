@@ -195,7 +195,7 @@ class Stack:
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = self._port(h), self._port(h)
             ex = ["--backend", c.backend, "--model", c.model, "--gpu", c.gpu,
-                  "--seed", str(c.seed + k), "--noise-cv", str(c.noise_cv),
+                  "--seed", str(c.seed), "--instance", str(k), "--noise-cv", str(c.noise_cv),
                   "--time-scale", str(c.time_scale), *common]
             if c.num_blocks:
                 ex += ["--num-blocks", str(c.num_blocks)]

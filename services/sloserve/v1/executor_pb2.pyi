@@ -252,6 +252,8 @@ class ExecutorDescription(_message.Message):
     IGNORED_SAMPLING_FIELD_NUMBER: _builtins.int
     BOS_TOKEN_FIELD_NUMBER: _builtins.int
     EOS_TOKEN_FIELD_NUMBER: _builtins.int
+    NOISE_STREAM_FIELD_NUMBER: _builtins.int
+    NOISE_CV_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     hardware: _builtins.str
     backend: _builtins.str
@@ -266,6 +268,13 @@ class ExecutorDescription(_message.Message):
     bos_token: _builtins.str
     """for the chat template"""
     eos_token: _builtins.str
+    noise_stream: _builtins.str
+    """sim: the seed of this instance's ground-truth noise stream ("S/instance/k": the
+    stack's --seed S, instance k), as `simulate --noise-streams instance` draws it;
+    empty for real backends and a fixed batch time
+    """
+    noise_cv: _builtins.float
+    """sim: that noise's coefficient of variation (0: none)"""
     @_builtins.property
     def ignored_sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sampling fields this backend does not honour"""
@@ -284,10 +293,12 @@ class ExecutorDescription(_message.Message):
         ignored_sampling: _abc.Iterable[_builtins.str] | None = ...,
         bos_token: _builtins.str = ...,
         eos_token: _builtins.str = ...,
+        noise_stream: _builtins.str = ...,
+        noise_cv: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "bos_token", b"bos_token", "chat_template", b"chat_template", "eos_token", b"eos_token", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "bos_token", b"bos_token", "chat_template", b"chat_template", "eos_token", b"eos_token", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "noise_cv", b"noise_cv", "noise_stream", b"noise_stream", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

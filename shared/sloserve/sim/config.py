@@ -36,8 +36,12 @@ class SimConfig:
     num_blocks: int | None = None  # KV capacity; default from GPU memory
     noise_cv: float = 0.03  # run-to-run noise of the ground truth
     # "run": every batch's noise from one stream, in global batch order (every figure so
-    # far); "instance": each instance from its own stream (``perf.noise.stream_seed``)
+    # far); "instance": each instance from its own stream (``perf.noise.stream_seed``), as
+    # the live stack's sim executors draw it (``up``: executor k, ``--seed S --instance k``)
     noise_streams: str = "run"
+    # the ground truth's seed (noise, profiling sweep); None: ``seed``. The live stack's is
+    # ``up --seed``, which need not be the workload's ``bench --seed`` (``--compare-sim``)
+    noise_seed: int | None = None
     policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
@@ -88,10 +92,19 @@ class SimConfig:
         if self.noise_streams not in ("run", "instance"):
             raise ValueError(f"noise_streams (--noise-streams): must be 'run' or 'instance', "
                              f"got {self.noise_streams!r}")
+        if self.noise_seed is not None and (isinstance(self.noise_seed, bool)
+                                            or not isinstance(self.noise_seed, int)):
+            raise ValueError(f"noise_seed (--noise-seed): must be an integer, "
+                             f"got {self.noise_seed!r}")
         if self.workers < 1:
             raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
         if self.workers > 1 and (why := split_refusal(self)) is not None:
             raise ValueError(why)
+
+    @property
+    def truth_seed(self) -> int:
+        """The ground truth's seed: ``noise_seed``, else the run's ``seed``."""
+        return self.seed if self.noise_seed is None else self.noise_seed
 
     def resolved_policy_config(self) -> PolicyConfig:
         """The policy's config with its SLO-dependent defaults (token budget) filled in."""

@@ -58,10 +58,12 @@ def build_timing(cfg: SimConfig) -> TimingSource:
     if cfg.timing_profile is not None:
         from sloserve.perf.measured import MeasuredTiming
 
-        return MeasuredTiming.from_file(cfg.timing_profile, seed=cfg.seed, noise_cv=cfg.noise_cv)
+        return MeasuredTiming.from_file(cfg.timing_profile, seed=cfg.truth_seed,
+                                        noise_cv=cfg.noise_cv)
     from sloserve.perf.ground_truth import ProfileTiming
 
-    return ProfileTiming(cfg.model, cfg.gpu, seed=cfg.seed, noise_cv=cfg.noise_cv, tp=cfg.tp)
+    return ProfileTiming(cfg.model, cfg.gpu, seed=cfg.truth_seed, noise_cv=cfg.noise_cv,
+                         tp=cfg.tp)
 
 
 def instance_timings(cfg: SimConfig, timing: TimingSource,
@@ -74,7 +76,7 @@ def instance_timings(cfg: SimConfig, timing: TimingSource,
     if own is None:
         raise ValueError("noise_streams (--noise-streams): 'instance' needs a ground truth "
                          f"with with_noise_stream, not a {type(timing).__name__}")
-    return [own(stream_seed(cfg.seed, k)) for k in indices]
+    return [own(stream_seed(cfg.truth_seed, k)) for k in indices]
 
 
 def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
@@ -142,7 +144,7 @@ class Simulation:
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         if cfg.perf_model == "online":
-            self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.seed))
+            self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.truth_seed))
         else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
             self.perf_model.refit_every = 1 << 62
         # what the policies see: the same model, its observations applied lazily (sim.deferred)

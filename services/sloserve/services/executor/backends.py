@@ -72,19 +72,33 @@ class SimBackend:
         num_blocks: int | None = None,
         time_scale: float = 1.0,
         fixed_batch_time: float | None = None,
+        instance: int = 0,
     ) -> None:
+        """Instance ``instance`` of a stack seeded ``seed`` draws its noise from the stream
+        ``stream_seed(seed, instance)`` and profiles on the stack's shared stream, as
+        ``simulate --noise-streams instance --noise-seed seed`` does."""
         from sloserve.perf.base import TimingSource
         from sloserve.perf.fixed import FixedTiming
         from sloserve.perf.ground_truth import ProfileTiming
         from sloserve.perf.hardware import get_hardware
         from sloserve.perf.memory import kv_capacity_blocks
         from sloserve.perf.models import get_model
+        from sloserve.perf.noise import stream_seed
 
         if not time_scale >= 0:
             raise ValueError(f"time_scale: must be >= 0, got {time_scale}")
-        self.timing: TimingSource = (
-            FixedTiming(fixed_batch_time) if fixed_batch_time is not None
-            else ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv))
+        if instance < 0:
+            raise ValueError(f"instance (--instance): must be >= 0, got {instance}")
+        self._sweep_timing: TimingSource
+        self.timing: TimingSource
+        if fixed_batch_time is not None:
+            self._sweep_timing = self.timing = FixedTiming(fixed_batch_time)
+            self.noise_stream = ""
+        else:
+            truth = ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv)
+            self.noise_stream = stream_seed(seed, instance)
+            self._sweep_timing, self.timing = truth, truth.with_noise_stream(self.noise_stream)
+        self.noise_cv = noise_cv if fixed_batch_time is None else 0.0
         self.shape = get_model(model)
         self.gpu = gpu
         self.seed = seed
@@ -100,6 +114,7 @@ class SimBackend:
             model=self.shape.name, hardware=self.gpu, backend="sim",
             kv_capacity_blocks=self.num_blocks, block_size=self.block_size,
             max_context=self.shape.max_context, ignored_sampling=list(SIM_IGNORES),
+            noise_stream=self.noise_stream, noise_cv=self.noise_cv,
         )
 
     def reset(self) -> None:
@@ -123,7 +138,8 @@ class SimBackend:
     def warmup_samples(self) -> list[BatchSample]:
         from sloserve.perf.sweep import profile_sweep
 
-        samples: list[BatchSample] = profile_sweep(self.timing, self.shape, seed=self.seed)
+        samples: list[BatchSample] = profile_sweep(self._sweep_timing, self.shape,
+                                                   seed=self.seed)
         if self.time_scale != 1.0:  # what this executor's batches really take (as ``execute``)
             samples = [BatchSample(s.shape, s.duration * self.time_scale) for s in samples]
         return samples
@@ -141,7 +157,7 @@ def make_backend(name: str, **kw: object) -> Backend:
     kw = {k: v for k, v in kw.items() if v is not None}
     if name == SIM:
         allowed = ("model", "gpu", "seed", "noise_cv", "block_size", "num_blocks", "time_scale",
-                   "fixed_batch_time")
+                   "fixed_batch_time", "instance")
         sim: Backend = SimBackend(**{k: v for k, v in kw.items() if k in allowed})  # type: ignore[arg-type]
         return sim
     if name == TORCH:

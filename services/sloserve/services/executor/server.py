@@ -232,7 +232,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):
 async def serve(args: argparse.Namespace) -> None:
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
-        block_size=args.block_size, num_blocks=args.num_blocks, time_scale=args.time_scale,
+        instance=args.instance, block_size=args.block_size, num_blocks=args.num_blocks,
+        time_scale=args.time_scale,
         weights=args.weights, fixed_batch_time=args.fixed_batch_time, dtype=args.dtype,
         enforce_eager=args.enforce_eager or None,
     )
@@ -261,7 +262,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu", default="a100")
     p.add_argument("--weights", default=None,
                    help="torch: local safetensors/gguf directory; vllm: a Hugging Face directory")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="the stack's seed: the same on every instance (random weights, "
+                        "the sim's profiling sweep)")
+    p.add_argument("--instance", type=int, default=0,
+                   help="sim: this executor's index in the stack (lp0 = 0, ...): its noise "
+                        "stream is the seed's k-th, as `simulate --noise-streams instance`")
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--block-size", type=int, default=None,
                    help="KV block size (default 16; vllm: vLLM's, 32 on CPU)")

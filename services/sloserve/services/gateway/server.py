@@ -345,7 +345,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 model=e.model, hardware=e.hardware, backend=e.backend,
                 kv_capacity_blocks=e.kv_capacity_blocks, block_size=e.block_size,
                 connected=self.links[iid].connected,
-                ignored_sampling=list(e.ignored_sampling)))
+                ignored_sampling=list(e.ignored_sampling),
+                noise_stream=e.noise_stream, noise_cv=e.noise_cv))
         first = next(iter(self.statuses.values())).executor
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
