@@ -106,6 +106,12 @@ def _up(tmp_path: Path, *flags: str, redis: bool = False) -> subprocess.Complete
     (("--http-port", "99999"), "--http-port: must be 0 (off) or a TCP port in 1..65535"),
     (("--port", "0"), "--port: must be a TCP port in 1..65535, got 0"),
     (("--port", "50999", "--http-port", "50999"), "--http-port: 50999 is also --port"),
+    (("--backend", "torch", "--model", "smollm2-135m", "--dtype", "fp8"),
+     "--dtype: must be one of ['bfloat16', 'float16', 'float32'], got 'fp8'"),
+    (("--dtype", "float32"), "--dtype: the sim backend runs no model"),
+    # 69 B parameters in float32 on the CPU: 276 GB, more than any machine here has
+    (("--backend", "torch", "--model", "llama-2-70b", "--gpu", "cpu"),
+     "--model: llama-2-70b needs 275."),
 ])
 def test_up_rejects_a_bad_flag_in_one_line_before_starting_anything(
         tmp_path: Path, flags: tuple[str, ...], named: str) -> None:
@@ -175,3 +181,21 @@ def test_torch_stacks_wait_for_the_model_load_as_vllm_stacks_do() -> None:
     sim = Stack(StackConfig())
     sim.plan()
     assert "--connect-timeout" not in sim.services["gateway"].argv
+
+
+def test_cpu_executors_whose_weights_exceed_available_memory_are_refused_by_count() -> None:
+    """Every torch/vllm executor on ``--gpu cpu`` holds its own weights: the need is
+    params x dtype bytes x executors, against MemAvailable; GPUs and sim are not checked."""
+    from sloserve.perf.models import get_model
+    from sloserve.services.preflight import check_host_memory
+
+    f32 = get_model("llama-3-8b").num_params * 4
+    check_host_memory("torch", "llama-3-8b", "cpu", None, 1, available=f32 + 1)
+    with pytest.raises(ValueError, match=r"--model: llama-3-8b needs 64\.\d GB for its weights "
+                                         r"in float32 \(2 executor\(s\) on --gpu cpu\)"):
+        check_host_memory("torch", "llama-3-8b", "cpu", None, 2, available=f32 + 1)
+    check_host_memory("torch", "llama-3-8b", "cpu", "bfloat16", 2, available=f32 + 1)
+    with pytest.raises(ValueError, match="in bfloat16"):  # vLLM's own default dtype
+        check_host_memory("vllm", "llama-3-8b", "cpu", None, 3, available=f32 + 1)
+    check_host_memory("torch", "llama-3-8b", "cuda", None, 8, available=1)
+    check_host_memory("sim", "llama-3-8b", "cpu", None, 8, available=1)

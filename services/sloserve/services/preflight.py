@@ -120,6 +120,53 @@ def check_cuda(backend: str, gpu: str) -> None:
                          "CUDA device(s)")
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # torch/vllm --dtype
+DEFAULT_DTYPE = {TORCH: "float32", VLLM: "bfloat16"}  # each backend's own default
+
+
+def check_dtype(backend: str, dtype: str | None) -> None:
+    """``--dtype`` is for the model-running backends, one of ``DTYPE_BYTES``."""
+    if dtype is None:
+        return
+    if backend == SIM:
+        raise ValueError("--dtype: the sim backend runs no model; use --backend torch|vllm")
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"--dtype: must be one of {sorted(DTYPE_BYTES)}, got {dtype!r}")
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_host_memory(backend: str, model: str, gpu: str, dtype: str | None, executors: int,
+                      available: int | None = None) -> None:
+    """On ``--gpu cpu`` every torch/vllm executor holds the model's weights in this
+    machine's memory: refuse what cannot fit (MemAvailable) before anything loads."""
+    if backend == SIM or gpu != "cpu":
+        return  # a GPU's memory is its engine's to check (vLLM's profiling, torch's fallback)
+    from sloserve.perf.models import get_model
+
+    available = available_memory_bytes() if available is None else available
+    if available is None:
+        return
+    name = dtype or DEFAULT_DTYPE[backend]
+    need = get_model(model).num_params * DTYPE_BYTES[name] * executors
+    if need > available:
+        raise ValueError(
+            f"--model: {model} needs {need / 1e9:.1f} GB for its weights in {name} "
+            f"({executors} executor(s) on --gpu cpu), this machine has "
+            f"{available / 1e9:.1f} GB available; use a smaller model, a 2-byte --dtype "
+            "or fewer --instances")
+
+
 def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
     """The configured Redis (``--redis-url``, else ``$REDIS_URL``) parses and answers PING."""
     url = redis_url(explicit)
@@ -149,11 +196,13 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
 
 def check_up(backend: str, model: str, gpu: str, weights: str | None,
              redis: str | None, port: int = 50051, http_port: int = 0,
-             host: str | None = None) -> None:
+             host: str | None = None, dtype: str | None = None, executors: int = 1) -> None:
     """Every check, cheapest first; the first failure raises. ``host``: the gateway's,
     whose ports must be free (None: not checked)."""
     check_ports(port, http_port, host)
     check_model_and_gpu(backend, model, gpu)
+    check_dtype(backend, dtype)
+    check_host_memory(backend, model, gpu, dtype, executors)
     check_weights(backend, model, weights)
     check_redis(redis)
     check_cuda(backend, gpu)  # imports torch: last

@@ -121,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
     check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url,  # 1 line, exit 2
-             port=args.port, http_port=args.http_port, host=args.host)
+             port=args.port, http_port=args.http_port, host=args.host, dtype=args.dtype,
+             executors=max(args.instances, 1))
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
