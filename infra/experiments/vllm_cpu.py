@@ -14,11 +14,12 @@ Prints and writes (``--out``) TTFT/TBT P50/P99 of both sides and their ratio.
 
     python infra/experiments/vllm_cpu.py --qps 0.1 --num-requests 40
 
-Issue 14's table on the vLLM backend (``--loads``): the simulated goodput capacity
-of the deployment (``sloserve capacity --timing-profile``, the measured profile as
-ground truth), then one stack serving ``--loads`` x capacity in turn (a warm-up at
-the first load, not measured), each simulated as the live stack runs it (admission
-on, overlap scheduling), and live vs sim per load:
+Issue 14's table on the vLLM backend (``--loads``), each load's served batches timed
+against the profile (``batch_ratios``: measured over profiled time, same shapes): the
+simulated goodput capacity of the deployment (``sloserve capacity --timing-profile``, the
+measured profile as ground truth), then one stack serving ``--loads`` x capacity in turn
+(a warm-up at the first load, not measured), each simulated as the live stack runs it
+(admission on, overlap scheduling), and live vs sim per load:
 
     python infra/experiments/vllm_cpu.py --loads 0.5 0.7 0.9 --dtype float32 \
         --token-budget 64 --ttft-slo 4.9646 --tbt-slo 0.7447 --num-requests 64 \
@@ -69,9 +70,41 @@ def sim_flags(args: argparse.Namespace) -> list[str]:
             "--timing-profile", str(args.profile), "--token-budget", str(args.token_budget)]
 
 
+def batch_ratios(args: argparse.Namespace, since: str) -> tuple[dict[str, Any], str]:
+    """The stack's executed batches since stream id ``since`` (its Redis samples stream,
+    what the perf model learns from), each measured duration over the timing profile's
+    noiseless time for the same shape: per source (``sweep``: the executor's warm-up,
+    ``run``: served batches) count, median, P10/P90 and sum over sum. Returns the last id."""
+    import numpy as np
+    import redis
+
+    from sloserve.perf.measured import MeasuredTiming
+    from sloserve.services.perfmodel.samples import decode
+    from sloserve.services.store import Keys
+
+    truth = MeasuredTiming.from_file(args.profile, noise_cv=0.0)
+    entries = redis.Redis.from_url(REDIS_URL).xrange(Keys(args.prefix).samples,
+                                                       min=f"({since}" if since else "-")
+    by_src: dict[str, list[tuple[float, float]]] = {}
+    for _, fields in entries:
+        sample = decode(fields)
+        by_src.setdefault(fields[b"src"].decode(), []).append(
+            (sample.duration, truth.batch_time(sample.shape)))
+    out: dict[str, Any] = {}
+    for src, pairs in by_src.items():
+        t, pred = np.array(pairs).T
+        r = t / pred
+        out[src] = {"batches": len(r), "median": float(np.median(r)),
+                    "p10": float(np.percentile(r, 10)), "p90": float(np.percentile(r, 90)),
+                    "sum_over_sum": float(t.sum() / pred.sum())}
+    last = entries[-1][0].decode() if entries else since
+    return out, last
+
+
 def start_up(args: argparse.Namespace) -> subprocess.Popen[str]:
     up = subprocess.Popen(
         ["sloserve", "up", "--backend", "vllm", "--model", "smollm2-135m", "--gpu", "cpu",
+         "--prefix", args.prefix,
          "--policy", args.policy, "--token-budget", str(args.token_budget),
          "--port", str(args.port), "--redis-url", REDIS_URL, "--http-port", "0",
          "--ttft-slo", str(args.ttft_slo), "--tbt-slo", str(args.tbt_slo),
@@ -99,6 +132,8 @@ def loads(args: argparse.Namespace, prof: dict[str, Any] | None) -> int:
     try:
         run(["sloserve", "bench", "--target", f"127.0.0.1:{args.port}",
              *workload(args, args.loads[0] * capacity), "--prompt-salt", "warmup"])
+        warm_batches, mark = batch_ratios(args, "")
+        print("batch time / profile, warm-up:", json.dumps(warm_batches), flush=True)
         for x in args.loads:
             qps = round(x * capacity, 4)
             before = os.getloadavg()
@@ -107,12 +142,15 @@ def loads(args: argparse.Namespace, prof: dict[str, Any] | None) -> int:
             after = os.getloadavg()
             sim = json.loads(run(["sloserve", "simulate", *sim_flags(args), "--admission",
                                   "--overlap", *workload(args, qps)]))
+            batches, mark = batch_ratios(args, mark)
+            print(f"batch time / profile at {x:g}:", json.dumps(batches), flush=True)
             cells = {k: {"live": live[k], "sim": sim[k],
                          "diff": (live[k] - sim[k]) / sim[k] if sim[k] else None}
                      for k in METRICS}
             rows.append({"load": x, "qps": qps, "loadavg_before": before,
                          "loadavg_after": after, "metrics": cells,
                          "live_completed": live["completed"], "sim_completed": sim["completed"],
+                         "batch_time_over_profile": batches,
                          "live": live, "sim": sim})
             print(f"{x:g} x ({qps:g} req/s): " + ", ".join(
                 f"{k} {c['live']:.3f}/{c['sim']:.3f} ({c['diff']:+.1%})"
@@ -121,7 +159,8 @@ def loads(args: argparse.Namespace, prof: dict[str, Any] | None) -> int:
         up.terminate()
         up.wait(timeout=60)
     doc = {"args": {k: str(v) for k, v in vars(args).items()}, "profile_fit": prof,
-           "capacity": cap, "capacity_qps": capacity, "rows": rows}
+           "capacity": cap, "capacity_qps": capacity, "rows": rows,
+           "batch_time_over_profile_warmup": warm_batches}
     args.out.write_text(json.dumps(doc, indent=1) + "\n")
     return 0
 
@@ -153,6 +192,7 @@ def main() -> int:
     ap.add_argument("--loads", nargs="+", type=float, default=None,
                     help="fractions of the simulated goodput capacity (issue 14's table)")
     args = ap.parse_args()
+    args.prefix = f"sloserve:vllmcpu{os.getpid()}"  # its samples stream: batch_ratios
     prof: dict[str, Any] | None = None
     if not args.profile.exists():
         prof = json.loads(run(["sloserve", "profile", "--backend", "vllm", "--model",
