@@ -42,3 +42,12 @@ def test_noise_applies_the_stream_and_leaves_zero_and_noiseless_times() -> None:
     assert [n.apply(0.02) for _ in range(100)] == [0.02 * rng.lognormvariate(mu, sigma)
                                                   for _ in range(100)]
     assert RunToRunNoise(4, 0.0).apply(0.02) == 0.02
+
+
+def test_a_stream_seed_parses_back_and_nothing_else_does() -> None:
+    from sloserve.perf.noise import parse_stream_seed, stream_seed
+
+    assert parse_stream_seed(stream_seed(7, 2)) == (7, 2)
+    assert parse_stream_seed(stream_seed(-3, 0)) == (-3, 0)
+    for text in ("", "7", "7/instance/", "x/instance/1", "7/inst/1"):
+        assert parse_stream_seed(text) is None, text

@@ -183,6 +183,22 @@ def test_torch_stacks_wait_for_the_model_load_as_vllm_stacks_do() -> None:
     assert "--connect-timeout" not in sim.services["gateway"].argv
 
 
+def test_every_executor_gets_the_stacks_one_seed_and_its_own_instance_index() -> None:
+    """Executor k of a stack seeded S: ``--seed S --instance k`` (its noise stream is
+    ``stream_seed(S, k)``, what ``bench --compare-sim`` replays; torch weights alike)."""
+    from sloserve.services.executor.server import build_parser
+    from sloserve.services.stack import Stack, StackConfig
+
+    stack = Stack(StackConfig(policy="ascendra", instances=3, hp_instances=1, seed=7))
+    stack.plan()
+    got = {}
+    for k, name in enumerate(("executor-lp0", "executor-lp1", "executor-hp2")):
+        argv = stack.services[name].argv
+        args = build_parser().parse_args(argv[argv.index("sloserve.services.executor") + 1:])
+        got[name] = (args.seed, args.instance)
+        assert got[name] == (7, k), got
+
+
 def test_cpu_executors_whose_weights_exceed_available_memory_are_refused_by_count() -> None:
     """Every torch/vllm executor on ``--gpu cpu`` holds its own weights: the need is
     params x dtype bytes x executors, against MemAvailable; GPUs and sim are not checked."""

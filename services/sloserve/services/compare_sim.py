@@ -111,13 +111,15 @@ def live_noise(inst: list[dict[str, Any]]) -> tuple[int, float] | None:
     every instance a sim executor drawing ``stream_seed(seed, k)``, ``k`` its index in
     its id (``lp0``, ``lp1``, ``hp2``, as the simulator names them), one seed and CV for
     all. None otherwise (another backend, a fixed batch time, hand-set seeds)."""
+    from sloserve.perf.noise import parse_stream_seed
+
     seeds, cvs = set(), set()
     for i in inst:
         iid = re.fullmatch(r"[a-z]+(\d+)", i.get("instance_id", ""))
-        stream = re.fullmatch(r"(-?\d+)/instance/(\d+)", i.get("noise_stream", ""))
-        if iid is None or stream is None or stream.group(2) != iid.group(1):
+        stream = parse_stream_seed(i.get("noise_stream", ""))
+        if iid is None or stream is None or stream[1] != int(iid.group(1)):
             return None
-        seeds.add(int(stream.group(1)))
+        seeds.add(stream[0])
         cvs.add(float(i.get("noise_cv", 0.0)))
     if len(seeds) != 1 or len(cvs) != 1:
         return None
@@ -197,7 +199,7 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
                        "noise_seed": cfg.truth_seed, "noise_streams": cfg.noise_streams,
                        "noise_cv": cfg.noise_cv,
                        # the executors' own noise draws, not the workload seed's stream
-                       "noise_replayed": live_noise(info["instances"]) is not None,
+                       "noise_replayed": cfg.noise_seed is not None,
                        "policy_config": json.loads(sts[0].policy_config)},
         "metrics": differences(live, sim),
         "live_unhidden_p50_ms": [st.unhidden_p50_s * 1e3 for st in sts],

@@ -81,3 +81,12 @@ def stream_seed(seed: int, instance: int) -> str:
     """The seed of instance ``instance``'s own noise stream in a run seeded ``seed``
     (``SimConfig.noise_streams == "instance"``)."""
     return f"{seed}/instance/{instance}"
+
+
+def parse_stream_seed(text: str) -> tuple[int, int] | None:
+    """``(seed, instance)`` of a ``stream_seed`` string; None for anything else."""
+    seed, sep, instance = text.partition("/instance/")
+    try:
+        return (int(seed), int(instance)) if sep else None
+    except ValueError:
+        return None

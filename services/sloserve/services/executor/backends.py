@@ -91,14 +91,13 @@ class SimBackend:
             raise ValueError(f"instance (--instance): must be >= 0, got {instance}")
         self._sweep_timing: TimingSource
         self.timing: TimingSource
-        if fixed_batch_time is not None:
+        if fixed_batch_time is not None:  # no noise, no stream
             self._sweep_timing = self.timing = FixedTiming(fixed_batch_time)
-            self.noise_stream = ""
+            self.noise_stream, self.noise_cv = "", 0.0
         else:
             truth = ProfileTiming(model, gpu, seed=seed, noise_cv=noise_cv)
-            self.noise_stream = stream_seed(seed, instance)
+            self.noise_stream, self.noise_cv = stream_seed(seed, instance), noise_cv
             self._sweep_timing, self.timing = truth, truth.with_noise_stream(self.noise_stream)
-        self.noise_cv = noise_cv if fixed_batch_time is None else 0.0
         self.shape = get_model(model)
         self.gpu = gpu
         self.seed = seed
