@@ -187,6 +187,11 @@ def simulate(dep: str, qps: float, profile: str | None, overlap: bool) -> dict[s
     return _nice(argv)
 
 
+def _within(diff: float | None) -> bool:
+    """Within the 5 % bar (an undefined difference is not)."""
+    return diff is not None and abs(diff) <= 0.05
+
+
 def table() -> None:
     from sloserve.services.compare_sim import differences
     from sloserve.sim.overhead import OverheadProfile
@@ -196,8 +201,8 @@ def table() -> None:
     rows = []
     for dep in DEPLOYMENTS:
         calib = RAW / f"{dep}-calibration.profile.json"
-        for load, run in [(x, r) for x in LOADS for r in ("", ".run1")]:
-            raw = RAW / f"{dep}-{load:g}{run}.json"  # .run1: an earlier run kept beside a repeat
+        for load, run in [(x, r) for x in LOADS for r in ("", ".run1", ".run2")]:
+            raw = RAW / f"{dep}-{load:g}{run}.json"  # .runK: an earlier run kept beside a repeat
             if not raw.exists():
                 continue
             live_out = json.loads(raw.read_text())
@@ -215,12 +220,17 @@ def table() -> None:
                            "iterations": sim["iterations"], "profile": prof}
             own = OverheadProfile.load(ROOT / live_out["overhead_profile_file"])
             cmp = live_out.get("compare_sim", {})
+            replayed = cmp.get("replayed_arrivals")
+            if replayed:  # bench's own simulation (overlap, no profile), arrivals as stamped
+                sims["overlap+live_arrivals"] = {"metrics": replayed["metrics"], "overlap": True,
+                                                 "iterations": None, "profile": None}
             rows.append({
-                "deployment": dep, "load": load, "qps": qps, "run": "latest" if not run else "1",
+                "deployment": dep, "load": load, "qps": qps,
+                "run": "latest" if not run else run[4:],
                 "live": {k: live_out[k] for k in (*METRICS, "goodput_share", "completed",
                                                   "dropped", "throughput_tok_s")},
                 "sim": sims,
-                "within_5pct": {v: {m: abs(x["metrics"][m]["diff"]) <= 0.05 for m in METRICS}
+                "within_5pct": {v: {m: _within(x["metrics"][m]["diff"]) for m in METRICS}
                                 for v, x in sims.items()},
                 "live_iterations": cmp.get("live_iterations"),
                 "unhidden_own_profile_ms": {"count": len(own.samples_s),
@@ -233,6 +243,8 @@ def table() -> None:
                 # tokens at the instance's iteration end instead of the gateway's emit,
                 # against bench --compare-sim's simulation (overlap, no profile)
                 "instance_side": cmp.get("instance_side_metrics"),
+                # the same on the instances' clock, against the live-arrivals simulation
+                "instance_side_live_arrivals": (replayed or {}).get("instance_side_metrics"),
                 "measurement": live_out["measurement"],
             })
             for v, x in sims.items():
@@ -298,12 +310,14 @@ def noise(seeds: int = 10) -> None:
 def markdown() -> None:
     """The docs table: one row per (deployment, load, metric), every simulation variant."""
     data = _load()
-    variants = ("serial", "overlap", "overlap+own_profile", "overlap+calibration_profile")
+    variants = ("serial", "overlap", "overlap+own_profile", "overlap+calibration_profile",
+                "overlap+live_arrivals")
     names = {"ttft_p50": "TTFT P50", "ttft_p99": "TTFT P99", "tbt_p50": "TBT P50",
              "tbt_p99": "TBT P99"}
     print("| deployment | load (req/s) | metric | live | " + " | ".join(
-        f"sim {v}" for v in variants) + " | instance-side live vs overlap |")
-    print("|---" * (5 + len(variants)) + "|")
+        f"sim {v}" for v in variants) + " | instance-side live vs overlap | instance-side "
+        "live vs overlap+live_arrivals |")
+    print("|---" * (6 + len(variants)) + "|")
     for r in data["rows"]:
         for m in METRICS:
             cells = []
@@ -315,20 +329,25 @@ def markdown() -> None:
                 mm = x["metrics"][m]
                 mark = "" if abs(mm["diff"]) <= 0.05 else "**"
                 cells.append(f"{mm['sim'] * 1e3:.1f} ms ({mark}{mm['diff'] * 100:+.1f}%{mark})")
-            side = r.get("instance_side")
-            sd = (f"{side[m]['live'] * 1e3:.1f} ms ({side[m]['diff'] * 100:+.1f}%)"
-                  if side else "-")
-            tag = " (earlier run)" if r.get("run") == "1" else ""
+            sides = []
+            for key in ("instance_side", "instance_side_live_arrivals"):
+                side = r.get(key)
+                sides.append(f"{side[m]['live'] * 1e3:.1f} ms ({side[m]['diff'] * 100:+.1f}%)"
+                             if side else "-")
+            tag = f" (run {r['run']})" if r.get("run") != "latest" else ""
             print(f"| {r['deployment']}{tag} | {r['load']:g} x ({r['qps']:.1f}) | {names[m]} | "
-                  f"{r['live'][m] * 1e3:.1f} ms | " + " | ".join(cells) + f" | {sd} |")
+                  f"{r['live'][m] * 1e3:.1f} ms | " + " | ".join(cells) + " | "
+                  + " | ".join(sides) + " |")
 
 
-def use_num_requests(n: int, noise: str) -> None:
+def use_num_requests(n: int, noise: str, tag: str = "") -> None:
     """Point the workload, the raw files and the table at ``n`` requests per run, and at
-    the noise mode: ``replay`` files end ``_replay`` (the tables before it were ``run``)."""
+    the noise mode: ``replay`` files end ``_replay`` (the tables before it were ``run``);
+    ``tag``: a set of runs of its own (``_<tag>`` last)."""
     global RAW, OUT, REPLAY
     REPLAY = noise == "replay"
-    stem = "live_vs_sim" + (f"_n{n}" if n != 200 else "") + ("_replay" if REPLAY else "")
+    stem = ("live_vs_sim" + (f"_n{n}" if n != 200 else "") + ("_replay" if REPLAY else "")
+            + (f"_{tag}" if tag else ""))
     WORKLOAD[-1] = str(n)
     RAW = ROOT / "docs" / "results" / stem
     OUT = ROOT / "docs" / "results" / f"{stem}.json"
@@ -341,11 +360,12 @@ def main() -> None:
                    help="replay: simulate draws the live executors' noise streams (default); "
                         "run: one stream seeded by the workload seed (the tables before "
                         "2026-11-26's replay)")
+    p.add_argument("--tag", default="", help="keep these runs apart: files end _TAG")
     p.add_argument("phase", choices=("capacity", "calibrate", "live", "table", "markdown",
                                           "noise"))
     p.add_argument("cells", nargs="*", default=[f"{d}:{x:g}" for d in DEPLOYMENTS for x in LOADS])
     args = p.parse_args()
-    use_num_requests(args.num_requests, args.noise)
+    use_num_requests(args.num_requests, args.noise, args.tag)
     if args.phase == "capacity":
         print(capacity())
     elif args.phase == "calibrate":

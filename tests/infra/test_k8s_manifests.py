@@ -92,3 +92,16 @@ def test_the_gateway_reads_its_schedulers_from_the_configmap_and_serves_openai_o
     assert {p["port"] for p in by["Service", "gateway"]["spec"]["ports"]} == {50051, 8000}
     ingress = by["NetworkPolicy", "gateway-from-clients"]["spec"]["ingress"][0]["ports"]
     assert {p["port"] for p in ingress} == {50051, 8000}
+
+
+def test_each_executor_draws_the_noise_stream_of_its_pod_ordinal(
+        manifests: list[dict[str, Any]]) -> None:
+    """As ``up`` gives executor k ``--seed S --instance k``: one seed for the StatefulSet,
+    the instance from the pod-index label (no shell in args: Kubernetes expands $(VAR))."""
+    ex = next(c for c in _containers(manifests) if c["name"] == "executor")
+    args = ex["args"]
+    assert args[args.index("--seed") + 1] == "0"
+    assert args[args.index("--instance") + 1] == "$(POD_INDEX)"
+    env = {e["name"]: e for e in ex["env"]}
+    assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
+        "metadata.labels['apps.kubernetes.io/pod-index']"

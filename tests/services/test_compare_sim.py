@@ -17,7 +17,7 @@ from sloserve.services import cli
 from sloserve.services.auth import INTERNAL_TOKEN_ENV, new_token
 from sloserve.services.compare_sim import COMPARED
 from sloserve.services.stack import Stack
-from sloserve.sim.overhead import OverheadProfile
+from sloserve.sim.overhead import DELIVERY_SAMPLES, OverheadProfile
 
 
 def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profile(
@@ -56,10 +56,20 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     side = cmp["instance_side_metrics"]
     assert set(side) == set(cmp["metrics"])
     assert 0 < side["ttft_p50"]["live"] <= cmp["metrics"]["ttft_p50"]["live"]
+    # and once more with every request arriving when the gateway stamped it
+    replay = cmp["replayed_arrivals"]
+    assert replay["stamped"] == 10 and set(replay["metrics"]) == set(cmp["metrics"])
+    assert replay["metrics"]["ttft_p50"]["live"] == cmp["metrics"]["ttft_p50"]["live"]
+    assert replay["metrics"]["ttft_p50"]["sim"] > 0
+    assert set(replay["instance_side_metrics"]) == set(cmp["metrics"])
 
     saved = OverheadProfile.load(profile)
     assert saved.backend == "sim" and saved.policy == "sarathi" and saved.overlap
     assert len(saved.samples_s) > 0 and all(x >= 0 for x in saved.samples_s)
+    # and every token's delivery lag as the client saw it (the gateway's emit - the
+    # iteration's end), which simulate adds to what it reports
+    assert len(saved.delivery_s) == min(out["output_tokens"], DELIVERY_SAMPLES) > 0
+    assert all(0 <= x < 5 for x in saved.delivery_s)
     # ... which simulate (and compare-sim) take as part of the ground truth
     code = cli.main(["simulate", "--policy", "sarathi", "--trace-file", str(trace),
                      "--qps", "8", "--num-requests", "10", "--seed", "3", "--json",

@@ -11,7 +11,7 @@ import pytest
 
 from sloserve.perf.fixed import FixedTiming
 from sloserve.sim.config import SimConfig
-from sloserve.sim.overhead import OverheadProfile, OverheadSampler
+from sloserve.sim.overhead import DeliverySampler, OverheadProfile, OverheadSampler
 from sloserve.sim.simulator import Simulation, simulate
 
 BASE = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=60, seed=3)
@@ -42,6 +42,10 @@ def test_a_profile_round_trips_through_its_json_file(tmp_path: Path) -> None:
      "samples_s[1]"),
     ('{"format": "sloserve-overhead-profile", "version": 1, "samples_s": [0.1, "a"]}',
      "samples_s[1]"),
+    ('{"format": "sloserve-overhead-profile", "version": 1, "samples_s": [0.1], '
+     '"delivery_s": [0.01, -1]}', "delivery_s[1]"),
+    ('{"format": "sloserve-overhead-profile", "version": 1, "samples_s": [0.1], '
+     '"delivery_s": 3}', "delivery_s"),
     ("not json", "not JSON"),
 ])
 def test_a_bad_profile_is_refused_naming_the_field(tmp_path: Path, text: str,
@@ -91,3 +95,45 @@ def test_a_profile_changes_simulated_timings_deterministically(tmp_path: Path) -
     assert other["ttft_p50"] != a["ttft_p50"]
     # the workload (lengths, arrivals) is the same with and without a profile
     assert a["requests"] == plain["requests"] and a["output_tokens"] == plain["output_tokens"]
+
+
+def test_delivery_lags_round_trip_and_an_old_profile_has_none(tmp_path: Path) -> None:
+    prof = OverheadProfile((1e-4,), delivery_s=(0.004, 0.006, 0.2))
+    prof.save(tmp_path / "p.json")
+    assert OverheadProfile.load(tmp_path / "p.json") == prof
+    saved = json.loads((tmp_path / "p.json").read_text())
+    assert saved["delivery_p50_s"] == 0.006 and saved["delivery_p99_s"] == 0.2
+    assert OverheadProfile.load(_profile(tmp_path, [1e-4])).delivery_s == ()
+
+
+def test_each_request_is_delivered_later_by_one_measured_lag() -> None:
+    prof = OverheadProfile((1e-4,), delivery_s=(0.001, 0.002, 0.5))
+    times = [1.0, 1.01, 1.02, 1.03, 1.04, 2.0]
+    got = DeliverySampler(prof, 3).delivered("r7", times)
+    shifts = {round(g - t, 9) for g, t in zip(got, times)}
+    assert len(shifts) == 1 and shifts <= {0.001, 0.002, 0.5}  # one lag, a measured one
+    # a request's draw is its own: the same whatever was delivered before it
+    other = DeliverySampler(prof, 3)
+    other.delivered("r1", times)
+    assert other.delivered("r7", times) == got
+    lags = [DeliverySampler(prof, 3).lag(f"r{k}") for k in range(200)]
+    assert set(lags) == {0.001, 0.002, 0.5}
+    assert lags != [DeliverySampler(prof, 4).lag(f"r{k}") for k in range(200)]
+
+
+def test_delivery_moves_what_is_measured_and_not_what_is_scheduled(tmp_path: Path) -> None:
+    """A constant delivery lag d, with no gap between batches: every token d later, so
+    TTFT grows by d, TBT and the schedule (iterations, throughput's tokens) stay."""
+    path = tmp_path / "d.json"
+    OverheadProfile((0.0,), delivery_s=(0.05,)).save(path)
+    no_gap = tmp_path / "z.json"
+    OverheadProfile((0.0,)).save(no_gap)
+    for metrics in ("exact", "stream"):
+        plain = simulate(dataclasses.replace(BASE, overhead_profile=str(no_gap),
+                                             metrics=metrics))
+        late = simulate(dataclasses.replace(BASE, overhead_profile=str(path), metrics=metrics))
+        assert late["iterations"] == plain["iterations"]
+        assert late["output_tokens"] == plain["output_tokens"]
+        assert late["ttft_p50"] == pytest.approx(plain["ttft_p50"] + 0.05, rel=2e-3)
+        assert late["ttft_p99"] == pytest.approx(plain["ttft_p99"] + 0.05, rel=2e-3)
+        assert late["tbt_p50"] == pytest.approx(plain["tbt_p50"], rel=2e-3)

@@ -77,6 +77,29 @@ def test_noise_seed_moves_the_ground_truth_and_leaves_the_workload() -> None:
     assert out["ttft_p50"] != ref["ttft_p50"]
 
 
+def test_replayed_arrivals_replace_the_arrival_process() -> None:
+    """``arrival_times`` (a live run's gateway stamps, ``bench --compare-sim``): replaying
+    the generated offsets changes nothing; other offsets are where the requests arrive."""
+    base = Simulation(SMALL)
+    ref = base.run()
+    offsets = tuple(r.arrival_time for r in base.workload.requests)
+    same = simulate(dataclasses.replace(SMALL, arrival_times=offsets))
+    assert {k: v for k, v in same.items() if k != "sim_wall_s"} == \
+        {k: v for k, v in ref.items() if k != "sim_wall_s"}
+    burst = Simulation(dataclasses.replace(SMALL, arrival_times=(0.0,) * len(offsets)))
+    out = burst.run()
+    assert [r.arrival_time for r in burst.workload.requests] == [0.0] * len(offsets)
+    assert out["ttft_p99"] > ref["ttft_p99"]  # all at once queue behind each other
+
+
+def test_replayed_arrivals_are_checked() -> None:
+    n = len(Simulation(SMALL).workload.requests)
+    with pytest.raises(ValueError, match=rf"arrival_times: {n - 1} offsets for {n} requests"):
+        simulate(dataclasses.replace(SMALL, arrival_times=(0.0,) * (n - 1)))
+    with pytest.raises(ValueError, match="arrival_times: every offset must be a finite"):
+        simulate(dataclasses.replace(SMALL, arrival_times=(-1.0,) * n))
+
+
 def test_a_run_tunes_the_cyclic_gc_only_while_it_runs() -> None:
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     with quiet_gc():

@@ -140,6 +140,8 @@ async def _one(client: Any, req: Request, t0: float, bar: Any,
     from sloserve.client import RequestDropped, SloserveError
 
     offset = req.arrival_time
+    if probe is not None:
+        probe.arrivals[req.request_id] = offset  # until the gateway's stamp replaces it
     await asyncio.sleep(max(0.0, t0 + offset - time.monotonic()))
     # provisional, on the wall clock the gateway's times use: a request dropped or failed
     # before its first chunk keeps it (not the workload's offset, which made `duration`
@@ -156,6 +158,7 @@ async def _one(client: Any, req: Request, t0: float, bar: Any,
             if probe is not None:
                 if c.index == 0:
                     probe.arrival_lag_s.append(c.arrival_time - probe.wall_t0 - offset)
+                    probe.arrivals[req.request_id] = c.arrival_time - probe.wall_t0
                 if c.produced_time:
                     probe.delivery_lag_s.append(c.time - c.produced_time)
                     probe.produced.setdefault(req.request_id, []).append(c.produced_time)
@@ -220,7 +223,7 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
 
     want_cmp = getattr(args, "compare_sim", False)
     want_out = getattr(args, "overhead_out", None)
-    probe = compare_sim.LiveTimings() if want_cmp else None
+    probe = compare_sim.LiveTimings() if want_cmp or want_out else None
     async with AsyncClient(target) as client:
         info = await client.info()
         reqs = workload(args, info["model"], info["instances"][0]["hardware"])
@@ -238,7 +241,7 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
                 "command": "sloserve bench", "target": target, "trace": args.trace,
                 "qps": args.qps, "num_requests": args.num_requests, "seed": args.seed,
                 "load_avg_1m": os.getloadavg()[0],
-            }).save(want_out)
+            }, probe.delivery_lag_s if probe is not None else None).save(want_out)
         if want_cmp:
             out["compare_sim"] = compare_sim.compare(out, args, info, sts, probe)
     return out

@@ -17,6 +17,11 @@ during the run (``Status.unhidden_samples_s``, pooled over instances) as such a
 profile. The scheduler's internal plane may require ``$SLOSERVE_INTERNAL_TOKEN``
 (``sloserve up`` generates one unless it is set): set it for both commands.
 
+With the live arrivals known (the gateway's stamp on each request's first chunk), the
+workload is simulated once more with every request arriving then (``replayed_arrivals``:
+``SimConfig.arrival_times``), which takes the client's lateness in sending out of the
+difference.
+
 The simulation draws the ground truth's noise as the stack's sim executors did
 (``live_noise``: executor ``k`` of a stack seeded ``S`` draws ``stream_seed(S, k)``,
 ``simulate --noise-streams instance --noise-seed S``), so both runs see the same
@@ -59,15 +64,23 @@ class LiveTimings:
     arrival_lag_s: list[float] = field(default_factory=list)
     delivery_lag_s: list[float] = field(default_factory=list)
     produced: dict[str, list[float]] = field(default_factory=dict)  # per request, iteration ends
+    # per request, its arrival offset: the gateway's stamp minus wall_t0 once its first chunk
+    # came, else the workload's offset (refused or failed before a token)
+    arrivals: dict[str, float] = field(default_factory=dict)
     # summarize() over the iteration ends instead of the gateway's emit times (set by replay)
     instance_side: dict[str, Any] | None = None
+    arrival_offsets: tuple[float, ...] | None = None  # ``arrivals`` in workload order
 
     def summarize_instance_side(self, reqs: list[Any]) -> None:
         """The run's metrics on the instances' clock: each token at the end of the
-        iteration that produced it (what the simulator models), arrivals as stamped."""
+        iteration that produced it (what the simulator models), arrivals as stamped; and
+        the arrivals as the gateway stamped them, in workload order (``replay_arrivals``)."""
         import dataclasses
 
         from sloserve.metrics import summarize
+
+        if all(r.request_id in self.arrivals for r in reqs):
+            self.arrival_offsets = tuple(max(0.0, self.arrivals[r.request_id]) for r in reqs)
 
         copies = [dataclasses.replace(r, token_times=list(self.produced.get(r.request_id, [])))
                   if len(self.produced.get(r.request_id, [])) == len(r.token_times) else r
@@ -214,28 +227,64 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
         out.update(probe.summary())
         if probe.instance_side is not None:
             out["instance_side_metrics"] = differences(probe.instance_side, sim)
+        if probe.arrival_offsets is not None:
+            out["replayed_arrivals"] = replay_arrivals(cfg, live, probe)
+    return out
+
+
+def replay_arrivals(cfg: SimConfig, live: dict[str, Any], probe: LiveTimings) -> dict[str, Any]:
+    """The same simulation with each request arriving when the live gateway stamped it
+    (``SimConfig.arrival_times``) instead of at its workload offset: what remains is the
+    stack's own difference, not the client's lateness in sending."""
+    from sloserve.sim.simulator import simulate
+
+    assert probe.arrival_offsets is not None
+    sim = simulate(dataclasses.replace(cfg, arrival_times=probe.arrival_offsets))
+    out: dict[str, Any] = {"metrics": differences(live, sim),
+                           "stamped": len(probe.arrival_lag_s)}
+    if probe.instance_side is not None:
+        out["instance_side_metrics"] = differences(probe.instance_side, sim)
     return out
 
 
 def format_comparison(cmp: dict[str, Any]) -> str:
+    replay = cmp.get("replayed_arrivals", {}).get("metrics")
     lines = [f"live vs simulate (same seed {cmp['sim_config']['seed']}, "
              f"{cmp['sim_config']['qps']:g} req/s; overhead profile: "
-             f"{cmp['sim_config']['overhead_profile'] or 'none'})",
-             f"{'metric':<20}{'live':>14}{'sim':>14}{'diff':>10}"]
+             f"{cmp['sim_config']['overhead_profile'] or 'none'})"
+             + ("; sim*: arrivals as the gateway stamped them" if replay else ""),
+             f"{'metric':<20}{'live':>14}{'sim':>14}{'diff':>10}"
+             + (f"{'sim*':>14}{'diff*':>10}" if replay else "")]
     for key, label in COMPARED:
-        m = cmp["metrics"][key]
+        row = [cmp["metrics"][key]] + ([replay[key]] if replay else [])
         cells = [f"{v:>14.4g}" if isinstance(v, float | int) else f"{'-':>14}"
-                 for v in (m["live"], m["sim"])]
-        diff = f"{m['diff'] * 100:>+9.1f}%" if m["diff"] is not None else f"{'-':>10}"
-        lines.append(f"{label:<20}{''.join(cells)}{diff}")
+                 for v in (row[0]["live"], row[0]["sim"])]
+        for k, m in enumerate(row):
+            if k:
+                sim = m["sim"]
+                cells.append(f"{sim:>14.4g}" if isinstance(sim, float | int) else f"{'-':>14}")
+            cells.append(f"{m['diff'] * 100:>+9.1f}%" if m["diff"] is not None else f"{'-':>10}")
+        lines.append(f"{label:<20}{''.join(cells)}")
     return "\n".join(lines)
 
 
-def overhead_profile(sts: list[Any], backend: str, source: dict[str, Any]) -> OverheadProfile:
-    """The run's un-hidden gaps, pooled over the stack's schedulers, as a profile."""
+def overhead_profile(sts: list[Any], backend: str, source: dict[str, Any],
+                     delivery: list[float] | None = None) -> OverheadProfile:
+    """The run's un-hidden gaps, pooled over the stack's schedulers, as a profile; with
+    the tokens' delivery lags the client saw (``LiveTimings.delivery_lag_s``, a uniform
+    subsample of at most ``DELIVERY_SAMPLES``, seeded; a negative one, clocks apart,
+    counts as 0)."""
+    import random
+
+    from sloserve.sim.overhead import DELIVERY_SAMPLES
+
+    lags = list(delivery or ())
+    if len(lags) > DELIVERY_SAMPLES:
+        lags = random.Random(0).sample(lags, DELIVERY_SAMPLES)
     samples = [x for st in sts for x in st.unhidden_samples_s]
     if not samples:
         raise ValueError("overhead_out (--overhead-out): the schedulers measured no gap "
                          "between back-to-back batches (no busy period in the run)")
     return OverheadProfile(tuple(samples), backend=backend, policy=sts[0].policy,
-                           overlap=all(st.overlap for st in sts), source=source)
+                           overlap=all(st.overlap for st in sts), source=source,
+                           delivery_s=tuple(max(0.0, x) for x in lags))

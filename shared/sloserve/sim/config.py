@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from sloserve.admission import Admission
@@ -42,6 +43,9 @@ class SimConfig:
     # the ground truth's seed (noise, profiling sweep); None: ``seed``. The live stack's is
     # ``up --seed``, which need not be the workload's ``bench --seed`` (``--compare-sim``)
     noise_seed: int | None = None
+    # replayed arrivals: one offset (s) per generated request, in workload order, instead of
+    # the arrival process's (``bench --compare-sim``: when the live gateway stamped each one)
+    arrival_times: tuple[float, ...] | None = None
     policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
@@ -96,6 +100,9 @@ class SimConfig:
                                             or not isinstance(self.noise_seed, int)):
             raise ValueError(f"noise_seed (--noise-seed): must be an integer, "
                              f"got {self.noise_seed!r}")
+        if self.arrival_times is not None and not all(
+                math.isfinite(t) and t >= 0 for t in self.arrival_times):
+            raise ValueError("arrival_times: every offset must be a finite number >= 0")
         if self.workers < 1:
             raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
         if self.workers > 1 and (why := split_refusal(self)) is not None:

@@ -11,6 +11,7 @@ executed batch, as the live perf-model service does.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import heapq
 import time
@@ -38,7 +39,7 @@ from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
-from sloserve.sim.overhead import OverheadProfile, OverheadSampler
+from sloserve.sim.overhead import DeliverySampler, OverheadProfile, OverheadSampler
 from sloserve.sim.report import RunTotals, run_summary
 from sloserve.sim.split import PartObservations
 from sloserve.sim.steady import DecodeTime, SteadyRun
@@ -81,7 +82,19 @@ def instance_timings(cfg: SimConfig, timing: TimingSource,
 
 def build_workload(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
     """Requests for ``cfg``; ``timing`` measures the prompt latencies that AccelGen's
-    heterogeneous TTFT SLOs are scaled from (§6.1), as the paper measured them."""
+    heterogeneous TTFT SLOs are scaled from (§6.1), as the paper measured them. With
+    ``cfg.arrival_times`` the requests arrive at those offsets instead (a replay)."""
+    w = _generate(cfg, model, timing)
+    if cfg.arrival_times is not None:
+        if len(cfg.arrival_times) != len(w.requests):
+            raise ValueError(f"arrival_times: {len(cfg.arrival_times)} offsets for "
+                             f"{len(w.requests)} requests")
+        for r, t in zip(w.requests, cfg.arrival_times):
+            r.arrival_time = t
+    return w
+
+
+def _generate(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Workload:
     if cfg.trace == MULTITURN:
         return multiturn_requests(num_requests=cfg.num_requests, qps=cfg.qps, seed=cfg.seed,
                                   ttft_slo=cfg.ttft_slo, tbt_slo=cfg.tbt_slo,
@@ -139,8 +152,13 @@ class Simulation:
         self.timing = build_timing(cfg)
         # the simulated executor's idle gap between back-to-back batches (the live stack's
         # measured service overhead): part of the ground truth, never seen by a policy
-        self.overhead = (None if cfg.overhead_profile is None else
-                         OverheadSampler(OverheadProfile.load(cfg.overhead_profile), cfg.seed))
+        profile = None if cfg.overhead_profile is None else OverheadProfile.load(
+            cfg.overhead_profile)
+        self.overhead = None if profile is None else OverheadSampler(profile, cfg.seed)
+        # the gateway's delivery of each token, where the profile measured it: only what is
+        # reported moves (tokens as the client gets them), never what is scheduled
+        self.delivery = (DeliverySampler(profile, cfg.seed)
+                         if profile is not None and profile.delivery_s else None)
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         if cfg.perf_model == "online":
@@ -291,8 +309,22 @@ class Simulation:
         self._retired.append(self.requests.pop(request_id))
         if len(self._retired) >= FOLD_EVERY:
             assert self.stream is not None
-            self.stream.add(self._retired)
+            self.stream.add(self._delivered(self._retired))
             self._retired = []
+
+    def _delivered(self, reqs: list[Request]) -> list[Request]:
+        """``reqs`` as measured: with a delivery profile, copies timed as the gateway
+        would deliver their tokens (``sim.overhead.DeliverySampler``)."""
+        if self.delivery is None:
+            return reqs
+        out = []
+        for r in reqs:
+            times = self.delivery.delivered(r.request_id, r.token_times)
+            finish = r.finish_time
+            if finish is not None and times and r.status is RequestStatus.FINISHED:
+                finish = max(finish, times[-1])
+            out.append(dataclasses.replace(r, token_times=times, finish_time=finish))
+        return out
 
     def _kick(self, k: int, now: float, back_to_back: bool = False) -> None:
         """Start the next iteration on instance ``k`` if it is idle and has work;
@@ -421,8 +453,9 @@ class Simulation:
         """Its requests' measurements: the streaming summary with the unfinished folded in,
         or (exact mode) this run's requests in workload order."""
         if self.stream is None:
-            return [r for r in self.workload.requests if r.request_id in self.requests]
-        self.stream.add(self._retired + list(self.requests.values()))
+            return self._delivered(
+                [r for r in self.workload.requests if r.request_id in self.requests])
+        self.stream.add(self._delivered(self._retired + list(self.requests.values())))
         self._retired, self.requests = [], {}
         return self.stream
 
