@@ -91,3 +91,21 @@ def test_compare_sim_flags_are_checked_before_anything_is_sent(
                      "--compare-sim"])
     assert code == 2
     assert "--endpoint grpc only" in capsys.readouterr().err
+
+
+def test_replayed_arrivals_are_the_ones_the_simulation_runs() -> None:
+    """``replay_arrivals`` simulates the compared config with the probe's stamped offsets,
+    not the workload's: all at once here, so the queue (and TTFT P99) grows."""
+    import dataclasses
+
+    from sloserve.services.compare_sim import LiveTimings, replay_arrivals
+    from sloserve.sim.config import SimConfig
+    from sloserve.sim.simulator import simulate
+
+    cfg = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=40, seed=3)
+    burst = (0.0,) * 40
+    probe = LiveTimings(arrival_offsets=burst)
+    live = simulate(cfg)  # stands in for a live summary: only its keys are read
+    got = replay_arrivals(cfg, live, probe)["metrics"]["ttft_p99"]["sim"]
+    assert got == simulate(dataclasses.replace(cfg, arrival_times=burst))["ttft_p99"]
+    assert got > live["ttft_p99"]

@@ -230,7 +230,7 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
         await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar, probe),
                        *progress(args), probe=probe)
     if probe is not None:
-        probe.summarize_instance_side(reqs)
+        probe.after_run(reqs)
     out = result(reqs, args, policy=",".join(info["policies"]),
                  instances=len(info["instances"]), model=info["model"],
                  offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)

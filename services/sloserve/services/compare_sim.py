@@ -71,9 +71,9 @@ class LiveTimings:
     instance_side: dict[str, Any] | None = None
     arrival_offsets: tuple[float, ...] | None = None  # ``arrivals`` in workload order
 
-    def summarize_instance_side(self, reqs: list[Any]) -> None:
-        """The run's metrics on the instances' clock: each token at the end of the
-        iteration that produced it (what the simulator models), arrivals as stamped; and
+    def after_run(self, reqs: list[Any]) -> None:
+        """After the run: its metrics on the instances' clock (each token at the end of the
+        iteration that produced it (what the simulator models), arrivals as stamped), and
         the arrivals as the gateway stamped them, in workload order (``replay_arrivals``)."""
         import dataclasses
 
