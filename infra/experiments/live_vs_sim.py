@@ -35,6 +35,11 @@ noise from the streams the stack's executors draw (``--noise-streams instance
 get the same noise factors; files end ``_replay``. ``--noise run`` is how every table
 before it was made: one stream seeded by the workload's seed 4, while the executors
 drew theirs from seeds 0, 1, 2 (different draws on every instance).
+
+The ``+draws16`` columns (2026-11-26, fourth session): ``simulate --noise-draws 16``, the
+median of 16 simulations whose ground-truth noise seeds are 0..15 (draw 0 is the replayed
+one), with each metric's range over the draws (``noise_band``): one draw of a chaotic
+policy's tail is one sample of the simulator's spread, not its prediction.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ WORKLOAD = ["--trace", "sharegpt", "--num-requests", "200"]
 SEED = 4
 STACK_SEED = 0  # `up --seed`: executor k draws its noise from stream_seed(0, k)
 REPLAY = True  # simulate draws the executors' noise (--noise run: one stream seeded SEED)
+DRAWS = 16  # the +drawsN columns: median over N noise draws (draw 0 is the replayed one)
 METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 CLI = [sys.executable, "-m", "sloserve.services.cli"]
 
@@ -177,9 +183,11 @@ def live(cells: list[str]) -> None:
         live_run(dep, float(load) * caps[dep], SEED, f"{dep}-{float(load):g}")
 
 
-def simulate(dep: str, qps: float, profile: str | None, overlap: bool) -> dict[str, Any]:
+def simulate(dep: str, qps: float, profile: str | None, overlap: bool,
+             draws: int = 1) -> dict[str, Any]:
     argv = [*CLI, "simulate", *_flags(dep), *WORKLOAD, "--qps", f"{qps:.4f}",
-            "--seed", str(SEED), "--admission", "--json"] + (["--overlap"] if overlap else [])
+            "--seed", str(SEED), "--admission", "--json", "--noise-draws", str(draws)] + (
+                ["--overlap"] if overlap else [])
     if REPLAY:  # the stack's executors' own noise streams (bench --compare-sim does the same)
         argv += ["--noise-streams", "instance", "--noise-seed", str(STACK_SEED)]
     if profile:
@@ -208,16 +216,22 @@ def table() -> None:
             live_out = json.loads(raw.read_text())
             qps = load * caps[dep]
             own_file = live_out["overhead_profile_file"]
-            variants: dict[str, tuple[bool, str | None]] = {
-                "serial": (False, None), "overlap": (True, None),
-                "overlap+own_profile": (True, own_file)}
+            variants: dict[str, tuple[bool, str | None, int]] = {
+                "serial": (False, None, 1), "overlap": (True, None, 1),
+                "overlap+own_profile": (True, own_file, 1),
+                f"overlap+draws{DRAWS}": (True, None, DRAWS)}
             if calib.exists():
-                variants["overlap+calibration_profile"] = (True, str(calib.relative_to(ROOT)))
+                calib_file = str(calib.relative_to(ROOT))
+                variants["overlap+calibration_profile"] = (True, calib_file, 1)
+                variants[f"overlap+calibration_profile+draws{DRAWS}"] = (True, calib_file, DRAWS)
             sims = {}
-            for v, (overlap, prof) in variants.items():
-                sim = simulate(dep, qps, prof, overlap)
+            for v, (overlap, prof, draws) in variants.items():
+                sim = simulate(dep, qps, prof, overlap, draws)
                 sims[v] = {"metrics": differences(live_out, sim), "overlap": overlap,
                            "iterations": sim["iterations"], "profile": prof}
+                if "noise_draws" in sim:  # the simulator's own band for each metric
+                    sims[v]["noise_band"] = {m: sim["noise_draws"]["range"].get(m)
+                                             for m in METRICS}
             own = OverheadProfile.load(ROOT / live_out["overhead_profile_file"])
             cmp = live_out.get("compare_sim", {})
             replayed = cmp.get("replayed_arrivals")
@@ -311,7 +325,8 @@ def markdown() -> None:
     """The docs table: one row per (deployment, load, metric), every simulation variant."""
     data = _load()
     variants = ("serial", "overlap", "overlap+own_profile", "overlap+calibration_profile",
-                "overlap+live_arrivals")
+                "overlap+live_arrivals", f"overlap+draws{DRAWS}",
+                f"overlap+calibration_profile+draws{DRAWS}")
     names = {"ttft_p50": "TTFT P50", "ttft_p99": "TTFT P99", "tbt_p50": "TBT P50",
              "tbt_p99": "TBT P99"}
     print("| deployment | load (req/s) | metric | live | " + " | ".join(

@@ -319,24 +319,24 @@ _SHARES = (
 )
 
 
+def format_value(key: str, value: Any) -> str:
+    """One summary value as ``format_table`` shows it: times in ms, shares in %."""
+    if value is None:
+        return "-"
+    if key in _SHARES:
+        return f"{100 * value:.1f} %"
+    if key.startswith(("ttft", "tbt", "mean_tbt", "sched_delay")):
+        return f"{1000 * value:.1f} ms"
+    if key == "duration" or key.startswith("jct_p"):
+        return f"{value:.2f} s"
+    if isinstance(value, float):
+        return f"{value:.2f}" + (
+            " tok/s" if key == "throughput_tok_s" else " req/s" if key.endswith("rps") else "")
+    return str(value)
+
+
 def format_table(summary: Summary) -> str:
     """Human-readable two-column table: times in ms, shares in %, rates as is."""
-    rows: list[tuple[str, str]] = []
-    for key, value in summary.items():
-        if value is None:
-            text = "-"
-        elif key in _SHARES:
-            text = f"{100 * value:.1f} %"
-        elif key.startswith(("ttft", "tbt", "mean_tbt", "sched_delay")):
-            text = f"{1000 * value:.1f} ms"
-        elif key == "duration" or key.startswith("jct_p"):
-            text = f"{value:.2f} s"
-        elif isinstance(value, float):
-            text = f"{value:.2f}" + (
-                " tok/s" if key == "throughput_tok_s" else " req/s" if key.endswith("rps") else ""
-            )
-        else:
-            text = str(value)
-        rows.append((key, text))
+    rows = [(key, format_value(key, value)) for key, value in summary.items()]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v:>14}" for k, v in rows)

@@ -29,9 +29,11 @@ def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
     start_stack: Callable[..., Stack], backend: str,
 ) -> None:
     # vllm: eager, so the stack starts in ~1 min instead of compiling for 2-5 (the compiled
-    # model's tokens are pinned in tests/services/executor/test_vllm_backend.py)
+    # model's tokens are pinned in tests/services/executor/test_vllm_backend.py); float32,
+    # as torch: in vLLM's default bfloat16 the greedy answer depends on the CPU's kernels
+    # (AVX2 hosts said "Paris", an AVX-512/AMX host "L'Étoile, la Marseillaise,")
     blocks: dict[str, object] = ({"num_blocks": 64} if backend == "torch"
-                                 else {"enforce_eager": True})
+                                 else {"enforce_eager": True, "dtype": "float32"})
     stack = start_stack(policy="sarathi", backend=backend, model=MODEL, gpu="cpu",
                         http_port=free_port(), ttft_slo=600, tbt_slo=600, **blocks)
     client = openai.OpenAI(base_url=stack.http + "/v1", api_key="unused", max_retries=0,

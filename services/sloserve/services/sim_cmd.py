@@ -96,6 +96,10 @@ def add_parser(sub: Any) -> None:
     sim = sub.add_parser("simulate", help="simulate one policy on one workload")
     _common(sim)
     sim.add_argument("--qps", type=_positive(float), required=True)
+    sim.add_argument("--noise-draws", type=_positive(int), default=1, metavar="K",
+                     help="simulate K draws of the ground truth's noise (seeds --noise-seed "
+                          ".. +K-1) and report each varying metric's median, with its range "
+                          "in noise_draws (default 1: one simulation)")
     cap = sub.add_parser("capacity", help="largest arrival rate meeting a criterion")
     _common(cap)
     cap.add_argument("--target", type=_positive(float), default=0.9)
@@ -132,8 +136,9 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
 
 
 def run(args: argparse.Namespace) -> int:
-    from sloserve.metrics import format_table
+    from sloserve.metrics import format_table, format_value
     from sloserve.sim.capacity import find_capacity
+    from sloserve.sim.draws import simulate_draws
     from sloserve.sim.simulator import simulate
     from sloserve.workload.traces import TraceError
 
@@ -141,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         return _compare(args)
     try:
         if args.command == "simulate":
-            out = simulate(config_from_args(args, args.qps))
+            cfg = config_from_args(args, args.qps)
+            out = simulate_draws(cfg, args.noise_draws) if args.noise_draws > 1 else simulate(cfg)
         else:
             out = find_capacity(config_from_args(args), args.criterion, args.target,
                                 qps_start=args.qps_start)
@@ -151,7 +157,14 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(_clean(out), allow_nan=False))
     elif args.command == "simulate":
+        draws = out.pop("noise_draws", None)
         print(format_table(out))
+        if draws:
+            print(f"medians of {draws['draws']} noise draws (seeds {draws['noise_seeds'][0]}.."
+                  f"{draws['noise_seeds'][-1]}); ranges:")
+            width = max(len(k) for k in draws["range"])
+            for k, (lo, hi) in draws["range"].items():
+                print(f"  {k:<{width}}  {format_value(k, lo)} .. {format_value(k, hi)}")
     else:
         print(f"capacity ({out['criterion']} >= target {out['target']}): "
               f"{out['capacity_qps']} req/s")
