@@ -3,6 +3,7 @@
 Usage: python infra/experiments/beyond_capacity.py [--num-requests K] [--jobs J]
        [--only SUBSTR] [--traces a,b] [--instances 1,3] [--slos tbt0.1,tbt0.5,hetero]
        [--seeds vllm,sarathi,...] [--refs oracle] [--variants defer,drop,serve]
+       [--ours-knobs late_max_running=64,late_in_budget=true]
        [--qps-max-factor F] [--resume] [--out FILE.json]
 
 Grid (llama-3-8b on a100): traces x instances x SLOs x policies. SLOs: uniform
@@ -81,8 +82,8 @@ def cell_name(trace: str, instances: int, slo: str) -> str:
 
 
 def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
-           seeds: list[str], refs: list[str], variants: list[str] | None = None
-           ) -> list[tuple[str, str, SimConfig]]:
+           seeds: list[str], refs: list[str], variants: list[str] | None = None,
+           ours_knobs: dict[str, Any] | None = None) -> list[tuple[str, str, SimConfig]]:
     out = []
     ours = [OURS, *(f"{OURS}-{v}" for v in variants or [])]
     for slo in slos:  # the uniform cells first, so a cut-short run holds them
@@ -92,7 +93,8 @@ def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
                     mode = label.removeprefix(f"{OURS}-") if label.startswith(f"{OURS}-") else None
                     p = OURS if mode else label
                     hp = get_spec(p).default_hp(n)  # ascendra: 2L1H at 3, 1L0H at 1
-                    pc = SlackConfig(late=mode) if mode else None
+                    pc = (SlackConfig(**{**(ours_knobs or {}), "late": mode}) if mode
+                          else SlackConfig(**ours_knobs) if p == OURS and ours_knobs else None)
                     cfg = SimConfig(policy=p, trace=trace, instances=n, hp_instances=hp,
                                     num_requests=k, policy_config=pc, **SLOS[slo])
                     out.append((cell_name(trace, n, slo), label, cfg))
@@ -261,6 +263,32 @@ def summarise(results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]],
     return rows
 
 
+def ours_knobs(text: str) -> dict[str, Any]:
+    """``--ours-knobs`` ``k=v,...`` as SlackConfig values (int, float, true/false or text),
+    checked by SlackConfig itself; a malformed item is refused naming it."""
+    out: dict[str, Any] = {}
+    for item in filter(None, text.split(",")):
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--ours-knobs: {item!r} is not KEY=VALUE")
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for kind in (int, float):
+                try:
+                    value = kind(raw)
+                    break
+                except ValueError:
+                    pass
+        out[key] = value
+    try:
+        SlackConfig(**out)
+    except (TypeError, ValueError) as exc:
+        raise SystemExit(f"--ours-knobs: {exc}") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=2000)
@@ -275,6 +303,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="reference policies reported beside ours, not seeds ('' for none)")
     ap.add_argument("--variants", default="",
                     help=f"also run slack-<mode> for these late modes ({', '.join(VARIANTS)})")
+    ap.add_argument("--ours-knobs", default="", metavar="K=V,...",
+                    help="run ours with these SlackConfig knobs instead of its defaults, e.g. "
+                         "late_max_running=64,late_in_budget=true (docs/beyond.md)")
     ap.add_argument("--qps-max-factor", type=float, default=64.0,
                     help="stop doubling at this x the start rate (1 req/s per instance)")
     ap.add_argument("--hetero-rates", default="0.5,1,2",
@@ -293,7 +324,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--slos: unknown {name!r}; choose from {', '.join(SLOS)}")
     items = [s for s in setups(a.num_requests, a.traces.split(","),
                                [int(x) for x in a.instances.split(",")], a.slos.split(","),
-                               seeds, refs, [v for v in a.variants.split(",") if v])
+                               seeds, refs, [v for v in a.variants.split(",") if v],
+                               ours_knobs(a.ours_knobs))
              if a.only in f"{s[0]}/{s[1]}"]
     t0 = time.time()
     results: list[dict[str, Any]] = []

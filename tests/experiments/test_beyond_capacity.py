@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from types import ModuleType
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -71,3 +73,18 @@ def test_hetero_cells_measure_goodput_at_fixed_rates(tmp_path: Path) -> None:
         assert v["best_seed_policy"] == "vllm" and 0 <= v["ours"] <= 1
     assert 0 < got["feasible"][cell["cell"]]["share"] < 1
     assert cell["bound"]["target"] == round(0.9 * got["feasible"][cell["cell"]]["share"], 4)
+
+
+def test_ours_knobs_reach_ours_only_and_bad_ones_are_refused_by_name() -> None:
+    bc = load("beyond_capacity")
+    knobs = bc.ours_knobs("late_max_running=64,late_in_budget=true,tbt_margin=0.7")
+    assert knobs == {"late_max_running": 64, "late_in_budget": True, "tbt_margin": 0.7}
+    items = bc.setups(40, ["sharegpt"], [1], ["hetero"], ["vllm"], [], ["defer"], knobs)
+    cfgs = {label: cfg.policy_config for _, label, cfg in items}
+    assert cfgs["slack"].late_max_running == 64 and cfgs["slack"].late_in_budget
+    assert cfgs["slack-defer"].late == "defer" and cfgs["slack-defer"].late_in_budget
+    assert cfgs["vllm"] is None
+    for bad, words in (("late_max_running=0", "late_max_running: must be >= 1"),
+                       ("nope", "'nope' is not KEY=VALUE")):
+        with pytest.raises(SystemExit, match=words):
+            bc.ours_knobs(bad)

@@ -385,18 +385,29 @@ def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]
             assert not all(e <= d for e, (d, _, _) in zip(ends, sub, strict=True))
 
 
-def test_a_deferred_decode_does_not_shrink_the_budget_of_on_time_prompts() -> None:
+@pytest.mark.parametrize("in_budget", [False, True])
+def test_a_deferred_decode_sets_the_budget_only_with_late_in_budget(in_budget: bool) -> None:
     # "late" never could make its TTFT: deferred, prefilled in the background, now decoding
-    # with a 0.1 s TBT SLO. An on-time prompt then gets the whole budget, as with no decode.
-    i = inst(late="defer")
+    # with a 0.1 s TBT SLO. By default an on-time prompt then gets the whole budget, as with
+    # no decode; with late_in_budget the deferred decode's next-token deadline sets it, as an
+    # on-time decode's would (it missed its TTFT, not its TBT).
+    i = inst(late="defer", late_in_budget=in_budget)
     i.add_request(req("late", 100, ttft=0.001), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert chunk_of(plan, "late") == 100
     i.complete(plan, 0.05)
     i.add_request(req("p", 3000, arrival=0.05, ttft=2.0), 0.05)
     plan, _, _ = i.schedule(0.05)
-    assert chunk_of(plan, "late") == 1 and chunk_of(plan, "p") == 3000
-    # an on-time decode in its place does limit it
+    n = chunk_of(plan, "p")
+    assert chunk_of(plan, "late") == 1
+
+    def t(k: int) -> float:
+        return PERF.predict(BatchShape(prefills=((k, 0),), decodes=(100,)))
+    if in_budget:
+        assert t(n) <= 0.8 * 0.1 < t(n + 1), n
+    else:
+        assert n == 3000
+    # an on-time decode in its place always limits it
     j = with_decode(0.1, 0.0)
     j.add_request(req("p", 3000, arrival=0.9, ttft=2.0), 1.0)
     plan, _, _ = j.schedule(1.0)
