@@ -5,8 +5,9 @@ so its result is one sample of what the simulated deployment can give. For most
 policies the samples agree to a percent or two; Ascendra's offload threshold (§3.3)
 flips on sub-millisecond shifts, after which every later decision differs, and its
 tails at high load spread by ~10 % between draws at 600 requests (docs/live-stack.md,
-"Noise draws"). ``simulate_draws`` runs draw ``i`` with the ground-truth seed
-``truth_seed + i`` (draw 0 is the plain simulation) and reports, for every number
+"A quiet AVX-512 host, and the simulator's spread"). ``simulate_draws`` runs draw
+``i`` with the ground-truth seed ``truth_seed + i`` (draw 0 is the plain simulation)
+and reports, for every number
 that differs between draws, the median as the prediction and ``[min, max]`` as the
 band; numbers equal in every draw (the config's) and nested objects are draw 0's.
 """
