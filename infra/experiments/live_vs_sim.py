@@ -228,10 +228,11 @@ def table() -> None:
             for v, (overlap, prof, draws) in variants.items():
                 sim = simulate(dep, qps, prof, overlap, draws)
                 sims[v] = {"metrics": differences(live_out, sim), "overlap": overlap,
-                           "iterations": sim["iterations"], "profile": prof}
+                           "iterations": sim["iterations"], "profile": prof,
+                           "offloads": sim.get("offloads")}
                 if "noise_draws" in sim:  # the simulator's own band for each metric
                     sims[v]["noise_band"] = {m: sim["noise_draws"]["range"].get(m)
-                                             for m in METRICS}
+                                             for m in (*METRICS, "offloads")}
             own = OverheadProfile.load(ROOT / live_out["overhead_profile_file"])
             cmp = live_out.get("compare_sim", {})
             replayed = cmp.get("replayed_arrivals")
@@ -241,8 +242,9 @@ def table() -> None:
             rows.append({
                 "deployment": dep, "load": load, "qps": qps,
                 "run": "latest" if not run else run[4:],
-                "live": {k: live_out[k] for k in (*METRICS, "goodput_share", "completed",
-                                                  "dropped", "throughput_tok_s")},
+                "live": {k: live_out.get(k) for k in (*METRICS, "goodput_share", "completed",
+                                                      "dropped", "throughput_tok_s",
+                                                      "offloads")},
                 "sim": sims,
                 "within_5pct": {v: {m: _within(x["metrics"][m]["diff"]) for m in METRICS}
                                 for v, x in sims.items()},

@@ -51,6 +51,7 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     assert (cfg["noise_replayed"], cfg["noise_seed"], cfg["noise_streams"],
             cfg["noise_cv"]) == (True, 0, "instance", 0.03)
     assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
+    assert cmp["live_offloads"] == out["offloads"] == 0 and cmp["sim_offloads"] == 0
     assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0
     # the same run on the instances' clock (iteration ends): tokens leave before the gateway
     side = cmp["instance_side_metrics"]
