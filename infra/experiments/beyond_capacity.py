@@ -3,7 +3,7 @@
 Usage: python infra/experiments/beyond_capacity.py [--num-requests K] [--jobs J]
        [--only SUBSTR] [--traces a,b] [--instances 1,3] [--slos tbt0.1,tbt0.5,hetero]
        [--seeds vllm,sarathi,...] [--refs oracle] [--variants defer,drop,serve]
-       [--ours-knobs late_max_running=64,late_in_budget=true]
+       [slack's knob flags, e.g. --late-max-running 64 --late-in-budget]
        [--qps-max-factor F] [--resume] [--out FILE.json]
 
 Grid (llama-3-8b on a100): traces x instances x SLOs x policies. SLOs: uniform
@@ -55,6 +55,7 @@ from sloserve.batch import BatchShape
 from sloserve.perf.ground_truth import ProfileTiming
 from sloserve.perf.models import get_model
 from sloserve.policies import get_spec, policy_names
+from sloserve.policies.flags import add_policy_flags, config_from_args
 from sloserve.policies.slack import SlackConfig
 from sloserve.request import RequestStatus
 from sloserve.sim.bound import goodput_bound
@@ -83,7 +84,7 @@ def cell_name(trace: str, instances: int, slo: str) -> str:
 
 def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
            seeds: list[str], refs: list[str], variants: list[str] | None = None,
-           ours_knobs: dict[str, Any] | None = None) -> list[tuple[str, str, SimConfig]]:
+           ours_config: SlackConfig | None = None) -> list[tuple[str, str, SimConfig]]:
     out = []
     ours = [OURS, *(f"{OURS}-{v}" for v in variants or [])]
     for slo in slos:  # the uniform cells first, so a cut-short run holds them
@@ -93,8 +94,8 @@ def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
                     mode = label.removeprefix(f"{OURS}-") if label.startswith(f"{OURS}-") else None
                     p = OURS if mode else label
                     hp = get_spec(p).default_hp(n)  # ascendra: 2L1H at 3, 1L0H at 1
-                    pc = (SlackConfig(**{**(ours_knobs or {}), "late": mode}) if mode
-                          else SlackConfig(**ours_knobs) if p == OURS and ours_knobs else None)
+                    pc = (dataclasses.replace(ours_config or SlackConfig(), late=mode) if mode
+                          else ours_config if p == OURS else None)
                     cfg = SimConfig(policy=p, trace=trace, instances=n, hp_instances=hp,
                                     num_requests=k, policy_config=pc, **SLOS[slo])
                     out.append((cell_name(trace, n, slo), label, cfg))
@@ -263,30 +264,16 @@ def summarise(results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]],
     return rows
 
 
-def ours_knobs(text: str) -> dict[str, Any]:
-    """``--ours-knobs`` ``k=v,...`` as SlackConfig values (int, float, true/false or text),
-    checked by SlackConfig itself; a malformed item is refused naming it."""
-    out: dict[str, Any] = {}
-    for item in filter(None, text.split(",")):
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--ours-knobs: {item!r} is not KEY=VALUE")
-        value: Any = raw
-        if raw.lower() in ("true", "false"):
-            value = raw.lower() == "true"
-        else:
-            for kind in (int, float):
-                try:
-                    value = kind(raw)
-                    break
-                except ValueError:
-                    pass
-        out[key] = value
+def ours_config(a: argparse.Namespace) -> SlackConfig | None:
+    """Ours' config from slack's knob flags (``add_policy_flags``, as ``simulate --policy
+    slack`` takes them); None when none is set (its defaults). A flag of another policy or
+    a bad value is refused naming the flag."""
     try:
-        SlackConfig(**out)
-    except (TypeError, ValueError) as exc:
-        raise SystemExit(f"--ours-knobs: {exc}") from None
-    return out
+        cfg = config_from_args(OURS, a)
+    except ValueError as exc:
+        raise SystemExit(f"beyond_capacity: {exc}") from None
+    assert isinstance(cfg, SlackConfig)
+    return None if all(getattr(a, n, None) is None for n in get_spec(OURS).knobs()) else cfg
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -303,9 +290,6 @@ def main(argv: list[str] | None = None) -> None:
                     help="reference policies reported beside ours, not seeds ('' for none)")
     ap.add_argument("--variants", default="",
                     help=f"also run slack-<mode> for these late modes ({', '.join(VARIANTS)})")
-    ap.add_argument("--ours-knobs", default="", metavar="K=V,...",
-                    help="run ours with these SlackConfig knobs instead of its defaults, e.g. "
-                         "late_max_running=64,late_in_budget=true (docs/beyond.md)")
     ap.add_argument("--qps-max-factor", type=float, default=64.0,
                     help="stop doubling at this x the start rate (1 req/s per instance)")
     ap.add_argument("--hetero-rates", default="0.5,1,2",
@@ -314,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--resume", action="store_true",
                     help="keep the setups already in --out and run only the others")
     ap.add_argument("--out", default="docs/results/beyond_capacity.json")
+    add_policy_flags(ap)  # slack's knobs for ours (docs/beyond.md: --late-in-budget)
     a = ap.parse_args(argv)
     refs = [r for r in a.refs.split(",") if r]
     seeds = (a.seeds.split(",") if a.seeds
@@ -325,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     items = [s for s in setups(a.num_requests, a.traces.split(","),
                                [int(x) for x in a.instances.split(",")], a.slos.split(","),
                                seeds, refs, [v for v in a.variants.split(",") if v],
-                               ours_knobs(a.ours_knobs))
+                               ours_config(a))
              if a.only in f"{s[0]}/{s[1]}"]
     t0 = time.time()
     results: list[dict[str, Any]] = []

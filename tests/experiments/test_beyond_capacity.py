@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from sloserve.policies.flags import add_policy_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,16 +78,28 @@ def test_hetero_cells_measure_goodput_at_fixed_rates(tmp_path: Path) -> None:
     assert cell["bound"]["target"] == round(0.9 * got["feasible"][cell["cell"]]["share"], 4)
 
 
-def test_ours_knobs_reach_ours_only_and_bad_ones_are_refused_by_name() -> None:
+def test_slacks_knob_flags_reach_ours_only_and_bad_ones_are_refused_by_name(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bc = load("beyond_capacity")
-    knobs = bc.ours_knobs("late_max_running=64,late_in_budget=true,tbt_margin=0.7")
-    assert knobs == {"late_max_running": 64, "late_in_budget": True, "tbt_margin": 0.7}
-    items = bc.setups(40, ["sharegpt"], [1], ["hetero"], ["vllm"], [], ["defer"], knobs)
+    out = tmp_path / "b.json"
+    bc.main(["--num-requests", "20", "--jobs", "1", "--traces", "azure-code", "--instances",
+             "1", "--slos", "hetero", "--seeds", "vllm", "--refs", "", "--variants", "defer",
+             "--qps-max-factor", "1", "--hetero-rates", "1", "--late-max-running", "64",
+             "--late-in-budget", "--out", str(out)])
+    assert {r["policy"] for r in json.loads(out.read_text())["results"]} == {
+        "slack", "slack-defer", "vllm"}
+    ap = argparse.ArgumentParser()
+    add_policy_flags(ap)
+    assert bc.ours_config(ap.parse_args([])) is None  # ours at its defaults
+    wide = bc.ours_config(ap.parse_args(["--late-max-running", "64", "--late-in-budget"]))
+    assert wide == bc.SlackConfig(late_max_running=64, late_in_budget=True)
+    items = bc.setups(20, ["sharegpt"], [1], ["hetero"], ["vllm"], [], ["defer"], wide)
     cfgs = {label: cfg.policy_config for _, label, cfg in items}
     assert cfgs["slack"].late_max_running == 64 and cfgs["slack"].late_in_budget
     assert cfgs["slack-defer"].late == "defer" and cfgs["slack-defer"].late_in_budget
     assert cfgs["vllm"] is None
-    for bad, words in (("late_max_running=0", "late_max_running: must be >= 1"),
-                       ("nope", "'nope' is not KEY=VALUE")):
+    for bad, words in ((["--late-max-running", "0"], "--late-max-running: must be >= 1"),
+                       (["--token-budget", "64"], "--token-budget: not a knob of policy "
+                                                  "'slack'")):
         with pytest.raises(SystemExit, match=words):
-            bc.ours_knobs(bad)
+            bc.main(["--out", str(tmp_path / "x.json"), *bad])

@@ -394,9 +394,10 @@ class SlackPolicy(Policy):
         cap = cfg.max_num_batched_tokens
         # the budget protects the TBT of on-time requests; a deferred one has missed its SLO
         # (unless late_in_budget: it missed its TTFT, not its TBT)
-        limit = tbt_limit(view, [r for r in decodes if r.request_id not in self._late_running]
-                          if self._late_running and not cfg.late_in_budget else decodes,
-                          cfg.tbt_margin)
+        budgeted = decodes
+        if self._late_running and not cfg.late_in_budget:
+            budgeted = [r for r in decodes if r.request_id not in self._late_running]
+        limit = tbt_limit(view, budgeted, cfg.tbt_margin)
         allowance = 0
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
