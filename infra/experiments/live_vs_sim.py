@@ -36,6 +36,10 @@ get the same noise factors; files end ``_replay``. ``--noise run`` is how every 
 before it was made: one stream seeded by the workload's seed 4, while the executors
 drew theirs from seeds 0, 1, 2 (different draws on every instance).
 
+The ``+refit1s`` columns (2026-11-26, fifth session): ``simulate --refit-interval 1``, the
+online perf model refit every second of simulated time as `up`'s perf-model service does
+(``bench --compare-sim`` now does the same), instead of every 512 batches.
+
 The ``+draws16`` columns (2026-11-26, fourth session): ``simulate --noise-draws 16``, the
 median of 16 simulations whose ground-truth noise seeds are 0..15 (draw 0 is the replayed
 one), with each metric's range over the draws (``noise_band``): one draw of a chaotic
@@ -72,6 +76,7 @@ SEED = 4
 STACK_SEED = 0  # `up --seed`: executor k draws its noise from stream_seed(0, k)
 REPLAY = True  # simulate draws the executors' noise (--noise run: one stream seeded SEED)
 DRAWS = 16  # the +drawsN columns: median over N noise draws (draw 0 is the replayed one)
+REFIT = 1.0  # the +refitSs columns: the perf model refit every S s, as `up`'s (its default)
 METRICS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 CLI = [sys.executable, "-m", "sloserve.services.cli"]
 
@@ -184,10 +189,11 @@ def live(cells: list[str]) -> None:
 
 
 def simulate(dep: str, qps: float, profile: str | None, overlap: bool,
-             draws: int = 1) -> dict[str, Any]:
+             draws: int = 1, refit: float | None = None) -> dict[str, Any]:
     argv = [*CLI, "simulate", *_flags(dep), *WORKLOAD, "--qps", f"{qps:.4f}",
             "--seed", str(SEED), "--admission", "--json", "--noise-draws", str(draws)] + (
-                ["--overlap"] if overlap else [])
+                ["--overlap"] if overlap else []) + (
+                ["--refit-interval", f"{refit:g}"] if refit else [])
     if REPLAY:  # the stack's executors' own noise streams (bench --compare-sim does the same)
         argv += ["--noise-streams", "instance", "--noise-seed", str(STACK_SEED)]
     if profile:
@@ -216,17 +222,23 @@ def table() -> None:
             live_out = json.loads(raw.read_text())
             qps = load * caps[dep]
             own_file = live_out["overhead_profile_file"]
-            variants: dict[str, tuple[bool, str | None, int]] = {
-                "serial": (False, None, 1), "overlap": (True, None, 1),
-                "overlap+own_profile": (True, own_file, 1),
-                f"overlap+draws{DRAWS}": (True, None, DRAWS)}
+            variants: dict[str, tuple[bool, str | None, int, float | None]] = {
+                "serial": (False, None, 1, None), "overlap": (True, None, 1, None),
+                "overlap+own_profile": (True, own_file, 1, None),
+                f"overlap+draws{DRAWS}": (True, None, DRAWS, None),
+                f"overlap+refit{REFIT:g}s+draws{DRAWS}": (True, None, DRAWS, REFIT)}
             if calib.exists():
                 calib_file = str(calib.relative_to(ROOT))
-                variants["overlap+calibration_profile"] = (True, calib_file, 1)
-                variants[f"overlap+calibration_profile+draws{DRAWS}"] = (True, calib_file, DRAWS)
+                variants["overlap+calibration_profile"] = (True, calib_file, 1, None)
+                variants[f"overlap+calibration_profile+draws{DRAWS}"] = (
+                    True, calib_file, DRAWS, None)
+                variants[f"overlap+calibration_profile+refit{REFIT:g}s"] = (
+                    True, calib_file, 1, REFIT)
+                variants[f"overlap+calibration_profile+refit{REFIT:g}s+draws{DRAWS}"] = (
+                    True, calib_file, DRAWS, REFIT)
             sims = {}
-            for v, (overlap, prof, draws) in variants.items():
-                sim = simulate(dep, qps, prof, overlap, draws)
+            for v, (overlap, prof, draws, refit) in variants.items():
+                sim = simulate(dep, qps, prof, overlap, draws, refit)
                 sims[v] = {"metrics": differences(live_out, sim), "overlap": overlap,
                            "iterations": sim["iterations"], "profile": prof,
                            "offloads": sim.get("offloads")}
@@ -328,7 +340,10 @@ def markdown() -> None:
     data = _load()
     variants = ("serial", "overlap", "overlap+own_profile", "overlap+calibration_profile",
                 "overlap+live_arrivals", f"overlap+draws{DRAWS}",
-                f"overlap+calibration_profile+draws{DRAWS}")
+                f"overlap+calibration_profile+draws{DRAWS}",
+                f"overlap+refit{REFIT:g}s+draws{DRAWS}",
+                f"overlap+calibration_profile+refit{REFIT:g}s",
+                f"overlap+calibration_profile+refit{REFIT:g}s+draws{DRAWS}")
     names = {"ttft_p50": "TTFT P50", "ttft_p99": "TTFT P99", "tbt_p50": "TBT P50",
              "tbt_p99": "TBT P99"}
     print("| deployment | load (req/s) | metric | live | " + " | ".join(

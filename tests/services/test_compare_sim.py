@@ -50,6 +50,9 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     # stream), not a stream seeded by the workload's seed 3
     assert (cfg["noise_replayed"], cfg["noise_seed"], cfg["noise_streams"],
             cfg["noise_cv"]) == (True, 0, "instance", 0.03)
+    # its online perf model refits on the live perf-model service's clock (this stack's
+    # --refit-interval 0.5, conftest), as the published fit says it to every scheduler
+    assert cfg["refit_interval"] == 0.5
     assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
     assert cmp["live_offloads"] == out["offloads"] == 0 and cmp["sim_offloads"] == 0
     assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0
@@ -110,3 +113,15 @@ def test_replayed_arrivals_are_the_ones_the_simulation_runs() -> None:
     got = replay_arrivals(cfg, live, probe)["metrics"]["ttft_p99"]["sim"]
     assert got == simulate(dataclasses.replace(cfg, arrival_times=burst))["ttft_p99"]
     assert got > live["ttft_p99"]
+
+
+def test_the_refit_clock_is_the_one_every_scheduler_reports_or_none() -> None:
+    from sloserve.services.compare_sim import live_refit_interval
+    from sloserve.services.proto import scheduler_pb2
+
+    def st(interval: float) -> scheduler_pb2.SchedulerStatus:
+        return scheduler_pb2.SchedulerStatus(coefficients_refit_interval_s=interval)
+
+    assert live_refit_interval([st(1.0), st(1.0), st(1.0)]) == 1.0
+    assert live_refit_interval([st(1.0), st(0.5)]) is None  # they disagree: the default
+    assert live_refit_interval([st(0.0)]) is None  # no fit said its period

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -67,3 +68,96 @@ def test_a_long_sarathi_run_leaves_the_model_as_eager_observation_would() -> Non
     for s in sim.samples:
         replay.observe(s)
     assert sim.perf_model.coefficients == replay.coefficients
+
+
+def _clock_reference(window: int, interval: float, events: list[tuple[float, BatchSample]],
+                     now: float) -> AscendraRegression:
+    """The live perf-model service's rule, written plainly: at every grid point
+    ``j * interval`` passed (up to ``now``) with fresh samples, a refit over what came
+    before it."""
+    ref = _model(window, 1 << 62)
+    wake, fresh = 0.0, 0
+    for t, s in [*events, (now, None)]:
+        if t >= wake:
+            if fresh:
+                ref.refit()
+                fresh = 0
+            wake = (int(t / interval) + 1) * interval
+        if s is not None:
+            ref.observe(s)
+            fresh += 1 if not s.shape.is_empty and s.duration > 0 else 0
+    return ref
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.integers(5, 12), st.sampled_from([0.05, 0.2, 1.0]),
+       st.lists(st.integers(0, 400), max_size=6))
+def test_clock_refits_match_refitting_at_every_grid_point(
+        seed: int, window: int, interval: float, asks: list[int]) -> None:
+    rng = random.Random(seed)
+    events, t = [], 0.0
+    for _ in range(400):
+        t += rng.choice([0.0, rng.expovariate(20.0)])  # some events at the same time
+        events.append((t, _sample(rng)))
+    lazy_model = _model(window, 64)
+    lazy = DeferredObservations(lazy_model, refit_interval=interval)
+    for k, (now, s) in enumerate(events):
+        lazy.advance(now)
+        if k in asks:  # a prediction at ``now`` sees the refits of grid points up to it
+            ref = _clock_reference(window, interval, events[:k], now)
+            assert lazy.predict(PROBE) == ref.predict(PROBE)
+        lazy.observe_batch(s.shape, s.duration)
+    lazy.flush()
+    ref = _clock_reference(window, interval, events, events[-1][0])
+    assert lazy_model.coefficients == ref.coefficients
+    assert lazy_model.num_samples == ref.num_samples
+
+
+def test_a_clock_refit_run_leaves_the_model_as_refits_at_each_grid_point_would() -> None:
+    interval = 0.5
+    cfg = SimConfig(policy="ascendra", instances=3, hp_instances=1, trace="sharegpt",
+                    qps=6.0, num_requests=300, seed=1, record_samples=True,
+                    refit_interval=interval)
+    sim = Simulation(cfg)
+    out = sim.run()
+    assert out["iterations"] > sim.perf_model.window  # old samples were dropped on the way
+    # in the order observed (batch ends), each at its end time
+    events = [(start + s.duration, s) for start, s in zip(sim.sample_times, sim.samples,
+                                                          strict=True)]
+    assert events[-1][0] > 20 * interval  # many refits
+    replay = Simulation(dataclasses.replace(cfg, num_requests=1)).perf_model  # fitted, fresh
+    wake, fresh = 0.0, 0
+    for t, s in events:
+        if t >= wake:
+            if fresh:
+                replay.refit()
+                fresh = 0
+            wake = (int(t / interval) + 1) * interval
+        replay.observe(s)
+        fresh += 1
+    assert sim.perf_model.coefficients == replay.coefficients
+
+
+def test_the_refit_cadence_changes_what_ascendra_decides_and_runs_repeat() -> None:
+    cfg = SimConfig(policy="ascendra", instances=3, hp_instances=1, trace="sharegpt",
+                    qps=8.5, num_requests=300, seed=4)
+    by_count = Simulation(cfg).run()
+    on_clock = Simulation(dataclasses.replace(cfg, refit_interval=0.25)).run()
+    again = Simulation(dataclasses.replace(cfg, refit_interval=0.25)).run()
+    assert on_clock["ttft_p99"] == again["ttft_p99"]
+    assert on_clock["iterations"] == again["iterations"]
+    assert (on_clock["ttft_p99"], on_clock["offloads"]) != (
+        by_count["ttft_p99"], by_count["offloads"])
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "1"])
+def test_a_bad_refit_interval_is_refused_naming_the_flag(bad: object) -> None:
+    cfg = SimConfig(policy="sarathi", refit_interval=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"refit_interval \(--refit-interval\)"):
+        cfg.validate()
+
+
+def test_a_frozen_roofline_model_refuses_a_refit_interval() -> None:
+    cfg = SimConfig(policy="sarathi", perf_model="roofline", refit_interval=1.0)
+    with pytest.raises(ValueError, match=r"refit_interval \(--refit-interval\).*never refits"):
+        cfg.validate()

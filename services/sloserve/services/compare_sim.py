@@ -10,7 +10,10 @@ scheduler's admission limits (its ``Status.admission``: ``up``'s flags) are simu
 Optionally the simulator's ground truth includes a measured overhead profile
 (``--overhead-profile``, ``sloserve.sim.overhead``). The stack's schedulers say
 whether they run overlap scheduling (``Status.overlap``, the default); the
-simulation then does too (``simulate --overlap``, ``sloserve.sim.overlap``).
+simulation then does too (``simulate --overlap``, ``sloserve.sim.overlap``). They
+also say how often the perf-model service refits the coefficients they predict with
+(``Status.coefficients_refit_interval_s``, from the published fit); the simulation
+refits its online model on that clock (``simulate --refit-interval``).
 
 ``--overhead-out FILE`` saves the un-hidden gaps the stack's schedulers measured
 during the run (``Status.unhidden_samples_s``, pooled over instances) as such a
@@ -139,6 +142,17 @@ def live_noise(inst: list[dict[str, Any]]) -> tuple[int, float] | None:
     return seeds.pop(), cvs.pop()
 
 
+def live_refit_interval(sts: list[Any]) -> float | None:
+    """The perf-model service's refit period as every scheduler's coefficients say it
+    (``simulate --refit-interval``); None where they do not agree or do not say (the
+    simulator's default cadence then)."""
+    said = {st.coefficients_refit_interval_s for st in sts}
+    if len(said) != 1:
+        return None
+    interval = float(said.pop())
+    return interval if interval > 0 else None
+
+
 def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
                overhead_profile: str | None) -> SimConfig:
     """The ``SimConfig`` that replays ``args``' workload on the stack ``info`` describes."""
@@ -170,6 +184,7 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         overhead_profile=overhead_profile,
         overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
         prefix_caching=False,  # `up` runs its schedulers without prefix caching
+        refit_interval=live_refit_interval(sts),
     )
     # the executors' own noise draws where they can be replayed, else one stream seeded by
     # the workload's seed (the simulator's default)
@@ -210,7 +225,7 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
                        "num_blocks": cfg.num_blocks, "qps": cfg.qps, "seed": cfg.seed,
                        "overhead_profile": cfg.overhead_profile, "overlap": cfg.overlap,
                        "noise_seed": cfg.truth_seed, "noise_streams": cfg.noise_streams,
-                       "noise_cv": cfg.noise_cv,
+                       "noise_cv": cfg.noise_cv, "refit_interval": cfg.refit_interval,
                        # the executors' own noise draws, not the workload seed's stream
                        "noise_replayed": cfg.noise_seed is not None,
                        "policy_config": json.loads(sts[0].policy_config)},

@@ -76,6 +76,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="model the live scheduler's overlap scheduling (its default): plan k+1 "
                         "is decided when plan k starts, with k applied (docs/live-stack.md)")
+    p.add_argument("--refit-interval", type=float, default=None, metavar="S",
+                   help="refit the online perf model every S seconds of simulated time when "
+                        "batches came, as the live perf-model service does (`up`: 1 s); "
+                        "default: every 512 batches")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
@@ -126,6 +130,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         timing_profile=args.timing_profile, metrics=args.metrics,
         overhead_profile=getattr(args, "overhead_profile", None),
         overlap=getattr(args, "overlap", False),
+        refit_interval=getattr(args, "refit_interval", None),
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
         prefix_caching=getattr(args, "prefix_caching", True),
         prefix_routing=getattr(args, "prefix_routing", False),

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sloserve.v1 import common_pb2 as sloserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsloserve/v1/perfmodel.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\x15\n\x13\x43oefficientsRequest\"\x85\x01\n\x0c\x43oefficients\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\x12\x10\n\x08\x66it_time\x18\x04 \x01(\x01\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08hardware\x18\x06 \x01(\t\x12\x0c\n\x04mape\x18\x07 \x01(\x01\"8\n\x0ePredictRequest\x12&\n\x05shape\x18\x01 \x01(\x0b\x32\x17.sloserve.v1.BatchShape\"6\n\x0fPredictResponse\x12\x12\n\nduration_s\x18\x01 \x01(\x01\x12\x0f\n\x07version\x18\x02 \x01(\x03\x32\xf5\x01\n\tPerfModel\x12N\n\x0fGetCoefficients\x12 .sloserve.v1.CoefficientsRequest\x1a\x19.sloserve.v1.Coefficients\x12R\n\x11WatchCoefficients\x12 .sloserve.v1.CoefficientsRequest\x1a\x19.sloserve.v1.Coefficients0\x01\x12\x44\n\x07Predict\x12\x1b.sloserve.v1.PredictRequest\x1a\x1c.sloserve.v1.PredictResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1bsloserve/v1/perfmodel.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\x15\n\x13\x43oefficientsRequest\"\x9f\x01\n\x0c\x43oefficients\x12\x0e\n\x06values\x18\x01 \x03(\x01\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x13\n\x0bnum_samples\x18\x03 \x01(\x03\x12\x10\n\x08\x66it_time\x18\x04 \x01(\x01\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08hardware\x18\x06 \x01(\t\x12\x0c\n\x04mape\x18\x07 \x01(\x01\x12\x18\n\x10refit_interval_s\x18\x08 \x01(\x01\"8\n\x0ePredictRequest\x12&\n\x05shape\x18\x01 \x01(\x0b\x32\x17.sloserve.v1.BatchShape\"6\n\x0fPredictResponse\x12\x12\n\nduration_s\x18\x01 \x01(\x01\x12\x0f\n\x07version\x18\x02 \x01(\x03\x32\xf5\x01\n\tPerfModel\x12N\n\x0fGetCoefficients\x12 .sloserve.v1.CoefficientsRequest\x1a\x19.sloserve.v1.Coefficients\x12R\n\x11WatchCoefficients\x12 .sloserve.v1.CoefficientsRequest\x1a\x19.sloserve.v1.Coefficients0\x01\x12\x44\n\x07Predict\x12\x1b.sloserve.v1.PredictRequest\x1a\x1c.sloserve.v1.PredictResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,11 +35,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_COEFFICIENTSREQUEST']._serialized_start=70
   _globals['_COEFFICIENTSREQUEST']._serialized_end=91
   _globals['_COEFFICIENTS']._serialized_start=94
-  _globals['_COEFFICIENTS']._serialized_end=227
-  _globals['_PREDICTREQUEST']._serialized_start=229
-  _globals['_PREDICTREQUEST']._serialized_end=285
-  _globals['_PREDICTRESPONSE']._serialized_start=287
-  _globals['_PREDICTRESPONSE']._serialized_end=341
-  _globals['_PERFMODEL']._serialized_start=344
-  _globals['_PERFMODEL']._serialized_end=589
+  _globals['_COEFFICIENTS']._serialized_end=253
+  _globals['_PREDICTREQUEST']._serialized_start=255
+  _globals['_PREDICTREQUEST']._serialized_end=311
+  _globals['_PREDICTRESPONSE']._serialized_start=313
+  _globals['_PREDICTRESPONSE']._serialized_end=367
+  _globals['_PERFMODEL']._serialized_start=370
+  _globals['_PERFMODEL']._serialized_end=615
 # @@protoc_insertion_point(module_scope)

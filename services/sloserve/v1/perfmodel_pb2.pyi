@@ -45,6 +45,7 @@ class Coefficients(_message.Message):
     MODEL_FIELD_NUMBER: _builtins.int
     HARDWARE_FIELD_NUMBER: _builtins.int
     MAPE_FIELD_NUMBER: _builtins.int
+    REFIT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     """0 = not fitted yet (roofline)"""
     num_samples: _builtins.int
@@ -53,6 +54,8 @@ class Coefficients(_message.Message):
     hardware: _builtins.str
     mape: _builtins.float
     """on the fitted window, as a fraction"""
+    refit_interval_s: _builtins.float
+    """the service's --refit-interval (0: not said)"""
     @_builtins.property
     def values(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]:
         """C1..C5"""
@@ -67,10 +70,11 @@ class Coefficients(_message.Message):
         model: _builtins.str = ...,
         hardware: _builtins.str = ...,
         mape: _builtins.float = ...,
+        refit_interval_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["fit_time", b"fit_time", "hardware", b"hardware", "mape", b"mape", "model", b"model", "num_samples", b"num_samples", "values", b"values", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["fit_time", b"fit_time", "hardware", b"hardware", "mape", b"mape", "model", b"model", "num_samples", b"num_samples", "refit_interval_s", b"refit_interval_s", "values", b"values", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -252,6 +252,7 @@ class SchedulerStatus(_message.Message):
     OVERLAP_FIELD_NUMBER: _builtins.int
     UNHIDDEN_SAMPLES_S_FIELD_NUMBER: _builtins.int
     ADMISSION_FIELD_NUMBER: _builtins.int
+    COEFFICIENTS_REFIT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -283,6 +284,10 @@ class SchedulerStatus(_message.Message):
     admission: _builtins.str
     """The admission limits this scheduler enforces on new requests, as a JSON object
     (max_queued_requests, max_queued_tokens, shed_late); "null": every request is queued.
+    """
+    coefficients_refit_interval_s: _builtins.float
+    """The perf-model service's refit period, as its coefficients say (0: not said): the
+    cadence at which the predictions this policy reads change (simulate --refit-interval).
     """
     @_builtins.property
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
@@ -318,10 +323,11 @@ class SchedulerStatus(_message.Message):
         overlap: _builtins.bool = ...,
         unhidden_samples_s: _abc.Iterable[_builtins.float] | None = ...,
         admission: _builtins.str = ...,
+        coefficients_refit_interval_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_refit_interval_s", b"coefficients_refit_interval_s", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -56,6 +56,10 @@ class SimConfig:
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
     perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
+    # the online perf model's refits: None, every ``REFIT_EVERY`` batches (every figure before
+    # 2026-11-26's fifth session); S, every S seconds of simulated time when samples came, as
+    # the live perf-model service refits (``up``: ``--refit-interval``, 1 s)
+    refit_interval: float | None = None
     # automatic prefix caching (vLLM V1's default); shares only between requests that carry a
     # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
     prefix_caching: bool = True
@@ -83,6 +87,14 @@ class SimConfig:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
+        if self.refit_interval is not None:
+            if not (isinstance(self.refit_interval, int | float)
+                    and math.isfinite(self.refit_interval) and self.refit_interval > 0):
+                raise ValueError(f"refit_interval (--refit-interval): must be a number of "
+                                 f"seconds > 0, got {self.refit_interval!r}")
+            if self.perf_model != "online":
+                raise ValueError("refit_interval (--refit-interval): the roofline perf model "
+                                 "is frozen, it never refits")
         if self.metrics not in ("exact", "stream"):
             raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
                              f"got {self.metrics!r}")

@@ -168,7 +168,8 @@ class Simulation:
         # what the policies see: the same model, its observations applied lazily (sim.deferred)
         # (a part of a split run: only what cannot differ from the whole run's, ``sim.split``)
         self.policy_perf = (DeferredObservations if part is None
-                            else PartObservations)(self.perf_model)
+                            else PartObservations)(self.perf_model, cfg.refit_interval)
+        self._clock = cfg.refit_interval is not None  # refits on simulated time: advance it
         num_blocks = cfg.num_blocks or self._kv_blocks(hw)
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.workload = build_workload(cfg, self.model, self.timing)
@@ -261,6 +262,7 @@ class Simulation:
             self.workload.requests = []  # released as they finish
         heap, pop = self.ends.heap, heapq.heappop
         admit, carry_out, finish = self.controller.admit, self._carry_out, self._finish_batch
+        clock = self.policy_perf.advance if self._clock else None
         now = 0.0
         for k in arrival_order(times):
             t = times[k]
@@ -268,6 +270,8 @@ class Simulation:
                 now, _, inst = pop(heap)
                 finish(inst, now)
             now = t
+            if clock is not None:
+                clock(now)
             req = reqs[k]
             reqs[k] = None
             assert req is not None
@@ -399,6 +403,8 @@ class Simulation:
         self._kick(k, now, back_to_back=True)
 
     def _finish_batch(self, k: int, now: float) -> None:
+        if self._clock:
+            self.policy_perf.advance(now)
         flight = self.in_flight[k]
         if isinstance(flight, SteadyRun):
             if flight.started < flight.last:

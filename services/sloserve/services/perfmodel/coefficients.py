@@ -30,6 +30,7 @@ class Published:
     model: str
     hardware: str
     mape: float
+    refit_interval_s: float = 0.0  # the service's --refit-interval (0: not said)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

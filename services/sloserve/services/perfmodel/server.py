@@ -34,7 +34,9 @@ WINDOW = 4096
 
 
 class PerfModelService(perfmodel_grpc.PerfModelServicer):
-    def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys) -> None:
+    def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys,
+                 refit_interval: float = 0.0) -> None:
+        self.refit_interval = refit_interval  # said in every published fit
         self.reg = regression_for(model, gpu, WINDOW)  # refit on our timer, not per sample
         self.model, self.gpu = model, gpu
         self.redis, self.keys = redis, keys
@@ -48,7 +50,7 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
     def _published(self, version: int) -> Published:
         mape = self.reg.mape(self.window[-WINDOW:]) if self.window else 0.0
         return Published(list(self.reg.coefficients), version, self.reg.num_samples, time.time(),
-                         self.model, self.gpu, mape)
+                         self.model, self.gpu, mape, self.refit_interval)
 
     # --- gRPC ---------------------------------------------------------------
     async def GetCoefficients(
@@ -146,7 +148,7 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     redis = connect(args.redis_url)
-    svc = PerfModelService(args.model, args.gpu, redis, Keys(args.prefix))
+    svc = PerfModelService(args.model, args.gpu, redis, Keys(args.prefix), args.refit_interval)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["perfmodel"],
         lambda s: perfmodel_grpc.add_PerfModelServicer_to_server(svc, s),
@@ -162,8 +164,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("perfmodel")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
-    p.add_argument("--refit-interval", type=float, default=1.0, help="seconds between refits")
+    p.add_argument("--refit-interval", type=_seconds, default=1.0,
+                   help="seconds between refits (said in every published fit)")
     return p
+
+
+def _seconds(text: str) -> float:
+    """A period in seconds: a finite number > 0 (0 would refit in a busy loop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -280,6 +280,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             overhead_p50_s=o50, overhead_p99_s=o99, schedule_p50_s=s50, schedule_p99_s=s99,
             executor=self.executor, coefficients=self.coefficients.values,
             coefficients_version=self.coefficients.version,
+            coefficients_refit_interval_s=self.coefficients.refit_interval_s,
             policy_config=config_json(inst.policy.config),
             idle=self.waiting_for_wake and not self.wake.is_set(),
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
