@@ -38,7 +38,9 @@ drew theirs from seeds 0, 1, 2 (different draws on every instance).
 
 The ``+refit1s`` columns (2026-11-26, fifth session): ``simulate --refit-interval 1``, the
 online perf model refit every second of simulated time as `up`'s perf-model service does
-(``bench --compare-sim`` now does the same), instead of every 512 batches.
+(``bench --compare-sim`` now does the same), instead of every 512 batches. The
+``+controller_lag`` column adds ``simulate --controller-lag``: the instances' reports (first
+tokens, queue states) reach the controller after the profile's measured delivery lag.
 
 The ``+draws16`` columns (2026-11-26, fourth session): ``simulate --noise-draws 16``, the
 median of 16 simulations whose ground-truth noise seeds are 0..15 (draw 0 is the replayed
@@ -189,11 +191,12 @@ def live(cells: list[str]) -> None:
 
 
 def simulate(dep: str, qps: float, profile: str | None, overlap: bool,
-             draws: int = 1, refit: float | None = None) -> dict[str, Any]:
+             draws: int = 1, refit: float | None = None, lag: bool = False) -> dict[str, Any]:
     argv = [*CLI, "simulate", *_flags(dep), *WORKLOAD, "--qps", f"{qps:.4f}",
             "--seed", str(SEED), "--admission", "--json", "--noise-draws", str(draws)] + (
                 ["--overlap"] if overlap else []) + (
-                ["--refit-interval", f"{refit:g}"] if refit else [])
+                ["--refit-interval", f"{refit:g}"] if refit else []) + (
+                ["--controller-lag"] if lag else [])
     if REPLAY:  # the stack's executors' own noise streams (bench --compare-sim does the same)
         argv += ["--noise-streams", "instance", "--noise-seed", str(STACK_SEED)]
     if profile:
@@ -222,23 +225,25 @@ def table() -> None:
             live_out = json.loads(raw.read_text())
             qps = load * caps[dep]
             own_file = live_out["overhead_profile_file"]
-            variants: dict[str, tuple[bool, str | None, int, float | None]] = {
-                "serial": (False, None, 1, None), "overlap": (True, None, 1, None),
-                "overlap+own_profile": (True, own_file, 1, None),
-                f"overlap+draws{DRAWS}": (True, None, DRAWS, None),
-                f"overlap+refit{REFIT:g}s+draws{DRAWS}": (True, None, DRAWS, REFIT)}
+            # column: (overlap, profile, noise draws, refit interval, controller lag)
+            variants: dict[str, tuple[bool, str | None, int, float | None, bool]] = {
+                "serial": (False, None, 1, None, False), "overlap": (True, None, 1, None, False),
+                "overlap+own_profile": (True, own_file, 1, None, False),
+                f"overlap+draws{DRAWS}": (True, None, DRAWS, None, False),
+                f"overlap+refit{REFIT:g}s+draws{DRAWS}": (True, None, DRAWS, REFIT, False)}
             if calib.exists():
                 calib_file = str(calib.relative_to(ROOT))
-                variants["overlap+calibration_profile"] = (True, calib_file, 1, None)
-                variants[f"overlap+calibration_profile+draws{DRAWS}"] = (
-                    True, calib_file, DRAWS, None)
-                variants[f"overlap+calibration_profile+refit{REFIT:g}s"] = (
-                    True, calib_file, 1, REFIT)
-                variants[f"overlap+calibration_profile+refit{REFIT:g}s+draws{DRAWS}"] = (
-                    True, calib_file, DRAWS, REFIT)
+                cal = "overlap+calibration_profile"
+                variants[cal] = (True, calib_file, 1, None, False)
+                variants[f"{cal}+draws{DRAWS}"] = (True, calib_file, DRAWS, None, False)
+                variants[f"{cal}+refit{REFIT:g}s"] = (True, calib_file, 1, REFIT, False)
+                variants[f"{cal}+refit{REFIT:g}s+draws{DRAWS}"] = (
+                    True, calib_file, DRAWS, REFIT, False)
+                variants[f"{cal}+refit{REFIT:g}s+controller_lag+draws{DRAWS}"] = (
+                    True, calib_file, DRAWS, REFIT, True)
             sims = {}
-            for v, (overlap, prof, draws, refit) in variants.items():
-                sim = simulate(dep, qps, prof, overlap, draws, refit)
+            for v, (overlap, prof, draws, refit, lag) in variants.items():
+                sim = simulate(dep, qps, prof, overlap, draws, refit, lag)
                 sims[v] = {"metrics": differences(live_out, sim), "overlap": overlap,
                            "iterations": sim["iterations"], "profile": prof,
                            "offloads": sim.get("offloads")}
@@ -343,7 +348,8 @@ def markdown() -> None:
                 f"overlap+calibration_profile+draws{DRAWS}",
                 f"overlap+refit{REFIT:g}s+draws{DRAWS}",
                 f"overlap+calibration_profile+refit{REFIT:g}s",
-                f"overlap+calibration_profile+refit{REFIT:g}s+draws{DRAWS}")
+                f"overlap+calibration_profile+refit{REFIT:g}s+draws{DRAWS}",
+                f"overlap+calibration_profile+refit{REFIT:g}s+controller_lag+draws{DRAWS}")
     names = {"ttft_p50": "TTFT P50", "ttft_p99": "TTFT P99", "tbt_p50": "TBT P50",
              "tbt_p99": "TBT P99"}
     print("| deployment | load (req/s) | metric | live | " + " | ".join(

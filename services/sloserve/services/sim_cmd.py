@@ -80,6 +80,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="refit the online perf model every S seconds of simulated time when "
                         "batches came, as the live perf-model service does (`up`: 1 s); "
                         "default: every 512 batches")
+    p.add_argument("--controller-lag", action="store_true",
+                   help="with --overhead-profile: each instance's report (first tokens, queue "
+                        "state) reaches the controller after the gateway's measured delivery "
+                        "lag, as live (HP tickets freed later; docs/live-stack.md)")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
@@ -131,6 +135,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         overhead_profile=getattr(args, "overhead_profile", None),
         overlap=getattr(args, "overlap", False),
         refit_interval=getattr(args, "refit_interval", None),
+        controller_lag=getattr(args, "controller_lag", False),
         policy_config=policy_config_from_args(args.policy, args, strict=strict),
         prefix_caching=getattr(args, "prefix_caching", True),
         prefix_routing=getattr(args, "prefix_routing", False),

@@ -60,6 +60,10 @@ class SimConfig:
     # 2026-11-26's fifth session); S, every S seconds of simulated time when samples came, as
     # the live perf-model service refits (``up``: ``--refit-interval``, 1 s)
     refit_interval: float | None = None
+    # the live gateway's lag in handling an instance's report (tokens, state), from the
+    # overhead profile's delivery samples: the controller sees first tokens (HP tickets
+    # freed) and queue states that much later (``sim.overhead.ControllerLag``)
+    controller_lag: bool = False
     # automatic prefix caching (vLLM V1's default); shares only between requests that carry a
     # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
     prefix_caching: bool = True
@@ -95,6 +99,9 @@ class SimConfig:
             if self.perf_model != "online":
                 raise ValueError("refit_interval (--refit-interval): the roofline perf model "
                                  "is frozen, it never refits")
+        if self.controller_lag and self.overhead_profile is None:
+            raise ValueError("controller_lag (--controller-lag): needs an overhead profile "
+                             "with delivery samples (--overhead-profile)")
         if self.metrics not in ("exact", "stream"):
             raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
                              f"got {self.metrics!r}")

@@ -177,3 +177,32 @@ class DeliverySampler:
     def delivered(self, request_id: str, token_times: list[float]) -> list[float]:
         d = self.lag(request_id)
         return [t + d for t in token_times]
+
+
+class ControllerLag:
+    """When each instance's report (its batch's tokens and its state) reaches the
+    controller (``simulate --controller-lag``): live, both travel to the gateway in one
+    scheduler output, which the gateway handles after the lag the profile measured
+    (``delivery_s``); the controller frees an HP's ticket and counts its waiting prefills
+    only then. One lag per report, drawn independently from a generator of its own. The
+    measured lags already hold the gateway's queueing (live, an instance's reports arrive
+    in order), so a later report may arrive first here: its state then stands, and the
+    older state arriving after it is not applied (``newer``)."""
+
+    def __init__(self, profile: OverheadProfile, seed: int, instances: int) -> None:
+        assert profile.delivery_s
+        self._xs = profile.delivery_s
+        self._rng = random.Random(f"controller:{seed}")
+        self._applied = [-1.0] * instances  # the time of the newest state applied
+
+    def arrival(self, now: float) -> float:
+        """When a report made at ``now`` reaches the controller."""
+        return now + self._xs[int(self._rng.random() * len(self._xs))]
+
+    def newer(self, k: int, made: float) -> bool:
+        """Whether instance ``k``'s state made at ``made`` is newer than the one the
+        controller holds (and, if so, it is held from now on)."""
+        if made < self._applied[k]:
+            return False
+        self._applied[k] = made
+        return True

@@ -39,7 +39,12 @@ from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
 from sloserve.sim.events import BatchEnds, arrival_order
-from sloserve.sim.overhead import DeliverySampler, OverheadProfile, OverheadSampler
+from sloserve.sim.overhead import (
+    ControllerLag,
+    DeliverySampler,
+    OverheadProfile,
+    OverheadSampler,
+)
 from sloserve.sim.report import RunTotals, run_summary
 from sloserve.sim.split import PartObservations
 from sloserve.sim.steady import DecodeTime, SteadyRun
@@ -159,6 +164,9 @@ class Simulation:
         # reported moves (tokens as the client gets them), never what is scheduled
         self.delivery = (DeliverySampler(profile, cfg.seed)
                          if profile is not None and profile.delivery_s else None)
+        if cfg.controller_lag and (profile is None or not profile.delivery_s):
+            raise ValueError(f"controller_lag (--controller-lag): {cfg.overhead_profile} has no "
+                             f"delivery samples (measured by `bench --overhead-out`)")
         hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
         self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
         if cfg.perf_model == "online":
@@ -201,6 +209,12 @@ class Simulation:
         self.admission = (None if cfg.admission is None
                           else for_deployment(cfg.admission, cfg.hp_instances))
         self.ends = BatchEnds()
+        # reports on their way to the controller (``cfg.controller_lag``): heap entries with
+        # a negative index, each a batch's tokens and its instance's state
+        self.lag = (ControllerLag(profile, cfg.seed, len(self.instances))
+                    if cfg.controller_lag and profile is not None else None)
+        self._reports: dict[int, tuple[list[TokenEvent], tuple[int, float, int, bool]]] = {}
+        self._report_seq = 0
         self.requests = {r.request_id: r for r in self.workload.requests}
         # the batch each instance runs: a plan and its shape, or a steady run (sim.steady)
         self.in_flight: list[tuple[BatchPlan, BatchShape] | SteadyRun | None] = (
@@ -403,6 +417,15 @@ class Simulation:
         self._kick(k, now, back_to_back=True)
 
     def _finish_batch(self, k: int, now: float) -> None:
+        if k < 0:  # not a batch: a report reaching the controller (``cfg.controller_lag``)
+            tokens, (j, made, waiting, offers) = self._reports.pop(k)
+            if tokens:
+                self.controller.on_tokens(tokens)
+            assert self.lag is not None
+            if self.lag.newer(j, made):
+                self.controller.on_instance_state(self.instances[j].instance_id, waiting, now,
+                                                  offers_ticket=offers)
+            return
         if self._clock:
             self.policy_perf.advance(now)
         flight = self.in_flight[k]
@@ -426,12 +449,13 @@ class Simulation:
         self.kv_util_sum += (kv.num_blocks - kv.num_free_blocks) / kv.num_blocks  # utilization
         tokens = self._apply(k, plan, now)
         if tokens:
-            self.controller.on_tokens(tokens)
+            if self.lag is None:
+                self.controller.on_tokens(tokens)
             if self.stream is not None:
                 for t in tokens:
                     if t.finished:
                         self._retire(t.request_id)
-        self._report_state(k, now)
+        self._report_state(k, now, tokens)
         self._kick(k, now, back_to_back=True)
 
     def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:
@@ -440,11 +464,20 @@ class Simulation:
         now (``sim.overlap`` applied it when it was decided)."""
         return self.instances[k].complete(plan, now, every_token=False)
 
-    def _report_state(self, k: int, now: float) -> None:
+    def _report_state(self, k: int, now: float, tokens: list[TokenEvent] | None = None) -> None:
+        """Instance ``k``'s state (and, after a batch, its ``tokens``, which without a
+        controller lag the controller already has) to the controller, now or after the
+        lag (``cfg.controller_lag``)."""
         inst = self.instances[k]
         offers = not self._ticket_hook[k] or inst.policy.offers_ticket(inst.view(now))
-        self.controller.on_instance_state(
-            inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
+        if self.lag is None:
+            self.controller.on_instance_state(
+                inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
+            return
+        self._report_seq += 1
+        key = -self._report_seq
+        self._reports[key] = (tokens or [], (k, now, inst.num_waiting_prefills, offers))
+        self.ends.push(self.lag.arrival(now), key)
 
     def totals(self, end: float) -> RunTotals:
         """What this run (or part) added up, steady runs cut short settled first."""
