@@ -17,24 +17,11 @@ from sloserve.plan.presets import PRESETS, preset_names, resolve_preset
 from sloserve.plan.strategies import COLLOCATED, DISAGG, DISAGGREGATED, enumerate_strategies
 from sloserve.policies import BASELINE, PolicyConfig, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags, all_knobs, config_from_args, flag
+from sloserve.services.argtypes import number
 
 #: knobs the search itself sets on each strategy, and the flag that sweeps each
 SEARCHED = {"max_num_seqs": "--max-batch-sizes", "token_budget": "--token-budgets",
             "max_num_batched_tokens": "the search config"}
-
-
-def _number(kind: type, minimum: float, strict: bool) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if value < minimum or (strict and value == minimum):
-            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, "
-                                             f"got {text}")
-        return value
-
-    return parse
 
 
 def _int_list(text: str) -> list[int]:
@@ -73,21 +60,21 @@ def add_parser(subparsers: Any) -> None:
                     "the best collocated ones under our policies in the per-iteration simulator.")
     p.add_argument("--model", required=True)
     p.add_argument("--gpu", required=True)
-    p.add_argument("--gpus", required=True, type=_number(int, 1, False), help="GPU budget")
-    p.add_argument("--input-len", type=_number(int, 1, False), help="fixed prompt tokens")
-    p.add_argument("--output-len", type=_number(int, 1, False), help="fixed output tokens")
+    p.add_argument("--gpus", required=True, type=number(int, 1, False), help="GPU budget")
+    p.add_argument("--input-len", type=number(int, 1, False), help="fixed prompt tokens")
+    p.add_argument("--output-len", type=number(int, 1, False), help="fixed output tokens")
     p.add_argument("--trace", help="vendored trace name (sharegpt, arxiv, ...) or a CSV/JSONL file")
-    p.add_argument("--ttft-slo", required=True, type=_number(float, 0, True), help="seconds")
-    p.add_argument("--tpot-slo", required=True, type=_number(float, 0, True), help="seconds")
+    p.add_argument("--ttft-slo", required=True, type=number(float, 0, True), help="seconds")
+    p.add_argument("--tpot-slo", required=True, type=number(float, 0, True), help="seconds")
     p.add_argument("--mode", choices=("fast", "accurate"), default="fast")
-    p.add_argument("--top", type=_number(int, 1, False), default=10, help="strategies shown")
+    p.add_argument("--top", type=number(int, 1, False), default=10, help="strategies shown")
     p.add_argument("--plot", metavar="FILE.png", help="bar chart of goodput per GPU (Fig. 11)")
     p.add_argument("--json", action="store_true")
     p.add_argument("--tp-sizes", type=_int_list, default=[1, 2, 4, 8])
     p.add_argument("--max-batch-sizes", type=_int_list, default=[32])
     p.add_argument("--architectures", choices=("both", COLLOCATED, DISAGGREGATED),
                    default="both")
-    p.add_argument("--num-requests", type=_number(int, 1, False), default=1000,
+    p.add_argument("--num-requests", type=number(int, 1, False), default=1000,
                    help="requests per fast simulation")
     p.add_argument("--rank-by", choices=("per_gpu", "total"), default="per_gpu")
     p.add_argument("--seed", type=int, default=0)
@@ -96,7 +83,7 @@ def add_parser(subparsers: Any) -> None:
                         "calibrated on --gpu's profiles; ascend-910b3: the paper's)")
     p.add_argument("--extend-upper", action="store_true",
                    help="double Algorithm 8's λ_u = 1.2/T_min while feasible (not in the paper)")
-    p.add_argument("--seeds", type=_number(int, 1, False), default=1,
+    p.add_argument("--seeds", type=number(int, 1, False), default=1,
                    help="average each P90 over this many seeded workloads (Fig. 10b)")
     p.add_argument("--seq-cap", action="store_true",
                    help="vLLM admission cap in the fast collocated simulator (not in the paper)")
@@ -104,10 +91,10 @@ def add_parser(subparsers: Any) -> None:
                    help="default: the --hardware preset's")
     p.add_argument("--decode-eff", type=_efficiency, default=None, metavar="E_C,E_M,E_PLUS",
                    help="default: the --hardware preset's")
-    p.add_argument("--accurate-top", type=_number(int, 1, False), default=5,
+    p.add_argument("--accurate-top", type=number(int, 1, False), default=5,
                    help="accurate mode: best fast strategies re-evaluated (collocated under "
                         "each of --policies, disaggregated in the per-iteration P/D simulator)")
-    p.add_argument("--accurate-requests", type=_number(int, 1, False), default=200)
+    p.add_argument("--accurate-requests", type=number(int, 1, False), default=200)
     p.add_argument("--policies", type=_policies, default=policy_names(),
                    help="accurate mode: policies tried on each deployment")
     p.add_argument("--token-budgets", type=_int_list, default=[512, 2048],

@@ -36,6 +36,7 @@ from sloserve.perf.hardware import Hardware, register_hardware
 from sloserve.perf.measured import MeasuredTiming, save_samples
 from sloserve.perf.models import ModelShape
 from sloserve.perf.regression import AscendraRegression
+from sloserve.services.argtypes import number
 from sloserve.services.executor.backends import TORCH, VLLM
 
 _PREFILL_CHUNKS = (8, 16, 32, 64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
@@ -44,19 +45,6 @@ _DECODE_BATCH = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 _DECODE_CTX = (16, 64, 256, 1024, 4096)
 _MIXED_CHUNKS = (16, 64, 128, 256, 512, 2048)
 _MIXED_DECODES = (1, 4, 16, 32, 128)
-
-
-def _int_at_least(low: int) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-        return value
-
-    return parse
 
 
 def add_parser(subparsers: Any) -> None:
@@ -73,13 +61,13 @@ def add_parser(subparsers: Any) -> None:
                    help="torch: float32 (cpu default) | bfloat16 (cuda default); vllm: bfloat16")
     p.add_argument("--enforce-eager", action="store_true",
                    help="vllm: time the eager model (default: compiled, as the executor runs it)")
-    p.add_argument("--max-tokens", type=_int_at_least(8), default=None,
+    p.add_argument("--max-tokens", type=number(int, 8, False), default=None,
                    help="largest batch in tokens (default 512 on cpu, 4096 on cuda)")
-    p.add_argument("--max-context", type=_int_at_least(16), default=None,
+    p.add_argument("--max-context", type=number(int, 16, False), default=None,
                    help="largest context (default 1024 on cpu, 4096 on cuda)")
-    p.add_argument("--repeats", type=_int_at_least(1), default=5,
+    p.add_argument("--repeats", type=number(int, 1, False), default=5,
                    help="timings per shape; the fastest is kept")
-    p.add_argument("--threads", type=_int_at_least(1), default=None,
+    p.add_argument("--threads", type=number(int, 1, False), default=None,
                    help="torch CPU threads (default 1 on cpu; vllm: as its executor, cores - 1)")
     p.add_argument("--clock", choices=("wall", "cpu"), default=None,
                    help="wall time (cuda default, synchronised) or process CPU time (cpu default)")

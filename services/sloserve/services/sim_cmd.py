@@ -12,26 +12,14 @@ from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.policies import get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
+from sloserve.services.argtypes import positive
 from sloserve.sim.config import SimConfig
-
-
-def _positive(kind: type) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     if not compare:
         p.add_argument("--policy", required=True, choices=policy_names())
-    p.add_argument("--instances", type=_positive(int), default=3 if compare else 1)
+    p.add_argument("--instances", type=positive(int), default=3 if compare else 1)
     p.add_argument("--hp-instances", type=int, default=0,
                    help="Ascendra HP instances among --instances (2L1H: 3 and 1)")
     p.add_argument("--model", default="llama-3-8b")
@@ -41,11 +29,11 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                                      "multiturn (synthetic chats with shared prefixes)")
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns "
                                           "(and Mooncake hash_ids for prefix caching)")
-    p.add_argument("--num-requests", type=_positive(int), default=1000)
-    p.add_argument("--ttft-slo", type=_positive(float), default=None,
+    p.add_argument("--num-requests", type=positive(int), default=1000)
+    p.add_argument("--ttft-slo", type=positive(float), default=None,
                    help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: scales group "
                         "latency)")
-    p.add_argument("--tbt-slo", type=_positive(float), default=None,
+    p.add_argument("--tbt-slo", type=positive(float), default=None,
                    help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,
                    help="per-request SLOs drawn as AccelGen §3/§6.1 do")
@@ -53,9 +41,9 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="with --slo-mix hetero: share of offline requests that carry only a "
                         "JCT SLO (AccelGen §4.3; default 0)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
-    p.add_argument("--cv", type=_positive(float), default=1.0, help="gamma arrivals' CV")
+    p.add_argument("--cv", type=positive(float), default=1.0, help="gamma arrivals' CV")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tp", type=_positive(int), default=1)
+    p.add_argument("--tp", type=positive(int), default=1)
     p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--noise-streams", choices=("run", "instance"), default="run",
                    help="run: every batch's noise from one stream in global batch order "
@@ -64,7 +52,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--noise-seed", type=int, default=None,
                    help="the ground truth's seed (noise, profiling sweep; default --seed): "
                         "a live stack's `up --seed`, to replay its draws")
-    p.add_argument("--workers", type=_positive(int), default=1,
+    p.add_argument("--workers", type=positive(int), default=1,
                    help="processes: the instances split into this many groups, results "
                         "merged; only where exact (round-robin routing, no HP, no policy "
                         "reading the online perf model: docs/beyond.md), else refused")
@@ -76,7 +64,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="model the live scheduler's overlap scheduling (its default): plan k+1 "
                         "is decided when plan k starts, with k applied (docs/live-stack.md)")
-    p.add_argument("--refit-interval", type=float, default=None, metavar="S",
+    p.add_argument("--refit-interval", type=positive(float), default=None, metavar="S",
                    help="refit the online perf model every S seconds of simulated time when "
                         "batches came, as the live perf-model service does (`up`: 1 s); "
                         "default: every 512 batches")
@@ -103,19 +91,19 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
 def add_parser(sub: Any) -> None:
     sim = sub.add_parser("simulate", help="simulate one policy on one workload")
     _common(sim)
-    sim.add_argument("--qps", type=_positive(float), required=True)
-    sim.add_argument("--noise-draws", type=_positive(int), default=1, metavar="K",
+    sim.add_argument("--qps", type=positive(float), required=True)
+    sim.add_argument("--noise-draws", type=positive(int), default=1, metavar="K",
                      help="simulate K draws of the ground truth's noise (seeds --noise-seed "
                           ".. +K-1) and report each varying metric's median, with its range "
                           "in noise_draws (default 1: one simulation)")
     cap = sub.add_parser("capacity", help="largest arrival rate meeting a criterion")
     _common(cap)
-    cap.add_argument("--target", type=_positive(float), default=0.9)
+    cap.add_argument("--target", type=positive(float), default=0.9)
     cap.add_argument("--criterion", choices=("goodput", "tail", "token"), default="goodput")
-    cap.add_argument("--qps-start", type=_positive(float), default=1.0)
+    cap.add_argument("--qps-start", type=positive(float), default=1.0)
     cmp = sub.add_parser("compare", help="every policy on the same workload, side by side")
     _common(cmp, compare=True)
-    cmp.add_argument("--qps", type=_positive(float), default=8.0,
+    cmp.add_argument("--qps", type=positive(float), default=8.0,
                      help="whole-deployment rate (default near 3 A100s' capacity)")
     cmp.set_defaults(trace="sharegpt", policy="sarathi")
 

@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
 from sloserve.services import metrics, obs, rpc
+from sloserve.services.argtypes import positive
 from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
@@ -164,20 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("perfmodel")
     p.add_argument("--model", default="llama-3-8b")
     p.add_argument("--gpu", default="a100")
-    p.add_argument("--refit-interval", type=_seconds, default=1.0,
+    p.add_argument("--refit-interval", type=positive(float), default=1.0,
                    help="seconds between refits (said in every published fit)")
     return p
-
-
-def _seconds(text: str) -> float:
-    """A period in seconds: a finite number > 0 (0 would refit in a busy loop)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:
