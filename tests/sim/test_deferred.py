@@ -70,12 +70,11 @@ def test_a_long_sarathi_run_leaves_the_model_as_eager_observation_would() -> Non
     assert sim.perf_model.coefficients == replay.coefficients
 
 
-def _clock_reference(window: int, interval: float, events: list[tuple[float, BatchSample]],
-                     now: float) -> AscendraRegression:
-    """The live perf-model service's rule, written plainly: at every grid point
+def _clock_reference(ref: AscendraRegression, interval: float,
+                     events: list[tuple[float, BatchSample]], now: float) -> AscendraRegression:
+    """The live perf-model service's rule, written plainly, on ``ref``: at every grid point
     ``j * interval`` passed (up to ``now``) with fresh samples, a refit over what came
     before it."""
-    ref = _model(window, 1 << 62)
     wake, fresh = 0.0, 0
     for t, s in [*events, (now, None)]:
         if t >= wake:
@@ -104,11 +103,11 @@ def test_clock_refits_match_refitting_at_every_grid_point(
     for k, (now, s) in enumerate(events):
         lazy.advance(now)
         if k in asks:  # a prediction at ``now`` sees the refits of grid points up to it
-            ref = _clock_reference(window, interval, events[:k], now)
+            ref = _clock_reference(_model(window, 1 << 62), interval, events[:k], now)
             assert lazy.predict(PROBE) == ref.predict(PROBE)
         lazy.observe_batch(s.shape, s.duration)
     lazy.flush()
-    ref = _clock_reference(window, interval, events, events[-1][0])
+    ref = _clock_reference(_model(window, 1 << 62), interval, events, events[-1][0])
     assert lazy_model.coefficients == ref.coefficients
     assert lazy_model.num_samples == ref.num_samples
 
@@ -125,16 +124,9 @@ def test_a_clock_refit_run_leaves_the_model_as_refits_at_each_grid_point_would()
     events = [(start + s.duration, s) for start, s in zip(sim.sample_times, sim.samples,
                                                           strict=True)]
     assert events[-1][0] > 20 * interval  # many refits
-    replay = Simulation(dataclasses.replace(cfg, num_requests=1)).perf_model  # fitted, fresh
-    wake, fresh = 0.0, 0
-    for t, s in events:
-        if t >= wake:
-            if fresh:
-                replay.refit()
-                fresh = 0
-            wake = (int(t / interval) + 1) * interval
-        replay.observe(s)
-        fresh += 1
+    fresh_model = Simulation(dataclasses.replace(cfg, num_requests=1)).perf_model  # fitted
+    fresh_model.refit_every = 1 << 62  # refit only when the clock says
+    replay = _clock_reference(fresh_model, interval, events, events[-1][0])
     assert sim.perf_model.coefficients == replay.coefficients
 
 

@@ -448,13 +448,10 @@ class Simulation:
         kv = inst.kv
         self.kv_util_sum += (kv.num_blocks - kv.num_free_blocks) / kv.num_blocks  # utilization
         tokens = self._apply(k, plan, now)
-        if tokens:
-            if self.lag is None:
-                self.controller.on_tokens(tokens)
-            if self.stream is not None:
-                for t in tokens:
-                    if t.finished:
-                        self._retire(t.request_id)
+        if tokens and self.stream is not None:
+            for t in tokens:
+                if t.finished:
+                    self._retire(t.request_id)
         self._report_state(k, now, tokens)
         self._kick(k, now, back_to_back=True)
 
@@ -465,12 +462,13 @@ class Simulation:
         return self.instances[k].complete(plan, now, every_token=False)
 
     def _report_state(self, k: int, now: float, tokens: list[TokenEvent] | None = None) -> None:
-        """Instance ``k``'s state (and, after a batch, its ``tokens``, which without a
-        controller lag the controller already has) to the controller, now or after the
-        lag (``cfg.controller_lag``)."""
+        """Instance ``k``'s report to the controller: after a batch its ``tokens``, and its
+        state; now, or after the lag (``cfg.controller_lag``)."""
         inst = self.instances[k]
         offers = not self._ticket_hook[k] or inst.policy.offers_ticket(inst.view(now))
         if self.lag is None:
+            if tokens:
+                self.controller.on_tokens(tokens)
             self.controller.on_instance_state(
                 inst.instance_id, inst.num_waiting_prefills, now, offers_ticket=offers)
             return
