@@ -9,8 +9,9 @@ the instance state out to the gateway, and durable state to Redis (``state``).
 Restart: accepted requests are reloaded from Redis and re-queued as waiting
 (running ones recompute, vLLM's preemption semantics); nothing runs until the
 gateway reconnects. Its ``Hello`` lists its in-flight requests: known ones
-resume (tokens the gateway lacks are replayed; tokens it has and we regenerate
-carry their index, so it drops them), unknown ones are admitted afresh with
+resume (tokens the gateway lacks are replayed at once; later copies of them,
+held or regenerated, and regenerated tokens it has are dropped here; the gateway
+also drops any token by its index), unknown ones are admitted afresh with
 the tokens the gateway already has, and unlisted ones are cancelled.
 """
 
@@ -70,6 +71,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
+        self.replayed: dict[str, int] = {}  # re-announced request -> tokens replayed (_replay)
         self.wake = asyncio.Event()
         self.waiting_for_wake = False  # the loop is parked until ``wake``
         self.synced = asyncio.Event()  # a gateway said which requests it still wants
@@ -92,11 +94,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if req is None and rid in self.specs:
             return  # finished here; its release (and last tokens) are on their way
         if req is not None:  # the gateway re-announced it: replay what it lacks
-            out = scheduler_pb2.SchedulerOutput()
-            tokens = req.output_token_ids or []
-            for k in range(len(spec.generated_token_ids), len(tokens)):
-                out.tokens.add(request_id=rid, index=k, token_id=tokens[k], time=now)
-            self.send(out)
+            self._replay(rid, len(spec.generated_token_ids), req.output_token_ids or [], now)
             return
         try:
             kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
@@ -119,6 +117,33 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if persist:
             self.store.accept(spec)
         self.wake.set()
+
+    def _replay(self, rid: str, have: int, tokens: list[int], now: float) -> None:
+        """Send tokens ``have``.. of ``rid`` at once, ahead of any held message; their
+        copies still held or in a batch's unflushed report are dropped when they come,
+        so the gateway gets each token it lacks once (``replayed``: the watermark)."""
+        self.replayed[rid] = max(have, len(tokens))
+        if self.outq is None or have >= len(tokens):
+            return
+        out = scheduler_pb2.SchedulerOutput(time=now)
+        for k in range(have, len(tokens)):
+            out.tokens.add(request_id=rid, index=k, token_id=tokens[k], time=now)
+        self.outq.put_nowait(out)
+
+    def _drop_replayed(self, out: scheduler_pb2.SchedulerOutput) -> None:
+        """Remove from ``out`` the tokens below their request's replay watermark; the
+        first token at or above it clears the watermark (tokens come in order)."""
+        keep = []
+        for t in out.tokens:
+            mark = self.replayed.get(t.request_id)
+            if mark is None:
+                keep.append(t)
+            elif t.index >= mark:
+                keep.append(t)
+                del self.replayed[t.request_id]
+        if len(keep) < len(out.tokens):
+            del out.tokens[:]
+            out.tokens.extend(keep)
 
     def cancel(self, request_id: str) -> None:
         if self.instance.cancel(request_id, self.clock.now()) is not None:
@@ -215,6 +240,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 self.outq = None
 
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
+        self.replayed = {}  # watermarks are per connection
         listed = {s.request_id for s in hello.inflight}
         for rid in [r for r in self.specs if r not in listed]:
             self.cancel(rid)
@@ -249,6 +275,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if self._hold_timer is not None:  # a plan is on its way: keep the order, send later
             self._held.append(out)
         elif self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
+            if self.replayed and out.tokens:
+                self._drop_replayed(out)
             self.outq.put_nowait(out)
 
     def hold(self) -> None:
