@@ -11,8 +11,11 @@ exactly the simulator's timeline.
 
 Settled means nothing can still happen before the horizon moves: every
 instance either holds a batch whose end is past the horizon or is parked with
-nothing to plan, and the instances together hold every request that was sent
-and has not ended (none is between gateway and scheduler, or being offloaded).
+nothing to plan, the instances together hold every request that was sent and
+has not ended (none is between gateway and scheduler, or being offloaded), and
+the gateway has applied every message the schedulers sent (their tokens and
+state reports: the next arrival is routed on the view the simulator's
+controller has), none held back.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ class Conductor:
         tasks: list[asyncio.Task[None]],
     ) -> None:
         while pending or not all(t.done() for t in tasks):
-            held = await self._settle(redis, schedulers)
+            held = await self._settle(redis, stub, schedulers)
             next_end = min(held, default=math.inf)
             next_arrival = pending[0].arrival_time if pending else math.inf
             if math.isinf(next_end) and math.isinf(next_arrival):
@@ -109,7 +112,8 @@ class Conductor:
         await redis.publish(self.keys.clock, repr(self.horizon))
 
     async def _settle(
-        self, redis: aioredis.Redis, schedulers: dict[str, scheduler_grpc.SchedulerStub],
+        self, redis: aioredis.Redis, gateway: gateway_grpc.GatewayStub,
+        schedulers: dict[str, scheduler_grpc.SchedulerStub],
     ) -> list[float]:
         """Wait until the stack is settled (module doc); the batch ends it holds."""
         while True:
@@ -124,7 +128,11 @@ class Conductor:
                 (h != "" and float(h) > self.horizon) or (h == "" and st.idle)
                 for h, st in zip(held.values(), statuses))
             on_instances = sum(st.num_waiting + st.num_running for st in statuses)
-            if settled and on_instances == self.sent - self.ended:
+            read = {i.instance_id: i.output_seq for i in (await gateway.Info(
+                gateway_pb2.InfoRequest(), metadata=self.stack.internal_metadata)).instances}
+            applied = all(st.outputs_held == 0 and read[i] >= st.output_seq
+                          for i, st in zip(schedulers, statuses))
+            if settled and applied and on_instances == self.sent - self.ended:
                 return [float(h) for h in held.values() if h]
 
     async def _stream(self, stub: gateway_grpc.GatewayStub, req: Request) -> None:

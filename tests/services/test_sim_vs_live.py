@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 from conductor import Conductor
 
 from sloserve.decisions import action_record, plan_record
 from sloserve.request import Request
+from sloserve.services.proto import gateway_grpc, gateway_pb2, scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import Simulation
@@ -90,6 +93,28 @@ def test_the_simulator_and_the_live_stack_make_the_same_decisions(
         chunks = conductor.streams[r.request_id]
         assert [c.index for c in chunks] == list(range(r.output_len))
         assert [c.produced_time for c in chunks] == r.token_times
+    _gateway_read_every_stream_to_its_end(stack)
+
+
+def _gateway_read_every_stream_to_its_end(stack: Stack) -> None:
+    """The conductor's settle rule rests on InstanceInfo.output_seq: once the stack is
+    idle it equals each scheduler's own count of messages sent, never more."""
+    deadline = time.monotonic() + 10
+    while True:
+        with grpc.insecure_channel(stack.gateway) as ch:
+            info = gateway_grpc.GatewayStub(ch).Info(gateway_pb2.InfoRequest(),
+                                                     metadata=stack.internal_metadata)
+        sent = {}
+        for i in info.instances:
+            with grpc.insecure_channel(stack.services[f"scheduler-{i.instance_id}"].address) as ch:
+                sent[i.instance_id] = scheduler_grpc.SchedulerStub(ch).Status(
+                    scheduler_pb2.StatusRequest(), metadata=stack.internal_metadata).output_seq
+        read = {i.instance_id: i.output_seq for i in info.instances}
+        assert all(read[i] <= sent[i] for i in read), (read, sent)
+        if read == sent or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert read == sent and all(n > 0 for n in read.values()), (read, sent)
 
 
 def _lines(path: Path) -> list[dict[str, object]]:

@@ -211,6 +211,7 @@ class InstanceInfo(_message.Message):
     IGNORED_SAMPLING_FIELD_NUMBER: _builtins.int
     NOISE_STREAM_FIELD_NUMBER: _builtins.int
     NOISE_CV_FIELD_NUMBER: _builtins.int
+    OUTPUT_SEQ_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     """"lp" | "hp" """
@@ -225,6 +226,10 @@ class InstanceInfo(_message.Message):
     noise_stream: _builtins.str
     """sim: ExecutorDescription.noise_stream (`bench --compare-sim`)"""
     noise_cv: _builtins.float
+    output_seq: _builtins.int
+    """The last SchedulerOutput.seq this gateway has applied from the instance: how far it
+    has read the scheduler's stream (compare SchedulerStatus.output_seq).
+    """
     @_builtins.property
     def ignored_sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sampling fields this instance's backend cannot honour (sim: temperature, top_p,
@@ -248,10 +253,11 @@ class InstanceInfo(_message.Message):
         ignored_sampling: _abc.Iterable[_builtins.str] | None = ...,
         noise_stream: _builtins.str = ...,
         noise_cv: _builtins.float = ...,
+        output_seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "block_size", b"block_size", "connected", b"connected", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "instance_id", b"instance_id", "kv_capacity_blocks", b"kv_capacity_blocks", "model", b"model", "noise_cv", b"noise_cv", "noise_stream", b"noise_stream", "policy", b"policy", "role", b"role"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "backend", b"backend", "block_size", b"block_size", "connected", b"connected", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "instance_id", b"instance_id", "kv_capacity_blocks", b"kv_capacity_blocks", "model", b"model", "noise_cv", b"noise_cv", "noise_stream", b"noise_stream", "output_seq", b"output_seq", "policy", b"policy", "role", b"role"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -178,8 +178,13 @@ class SchedulerOutput(_message.Message):
     DROPPED_FIELD_NUMBER: _builtins.int
     STATE_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
+    SEQ_FIELD_NUMBER: _builtins.int
     time: _builtins.float
     """the scheduler's clock when it decided the offloads and drops"""
+    seq: _builtins.int
+    """This scheduler's count of messages put on its gateway streams, this one included
+    (SchedulerStatus.output_seq; the gateway's InstanceInfo.output_seq: read so far).
+    """
     @_builtins.property
     def tokens(self) -> _containers.RepeatedCompositeFieldContainer[Global___TokenEvent]: ...
     @_builtins.property
@@ -196,10 +201,11 @@ class SchedulerOutput(_message.Message):
         dropped: _abc.Iterable[Global___Drop] | None = ...,
         state: Global___InstanceState | None = ...,
         time: _builtins.float = ...,
+        seq: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "offloaded", b"offloaded", "state", b"state", "time", b"time", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "offloaded", b"offloaded", "seq", b"seq", "state", b"state", "time", b"time", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -253,6 +259,8 @@ class SchedulerStatus(_message.Message):
     UNHIDDEN_SAMPLES_S_FIELD_NUMBER: _builtins.int
     ADMISSION_FIELD_NUMBER: _builtins.int
     COEFFICIENTS_REFIT_INTERVAL_S_FIELD_NUMBER: _builtins.int
+    OUTPUT_SEQ_FIELD_NUMBER: _builtins.int
+    OUTPUTS_HELD_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -289,6 +297,13 @@ class SchedulerStatus(_message.Message):
     """The perf-model service's refit period, as its coefficients say (0: not said): the
     cadence at which the predictions this policy reads change (simulate --refit-interval).
     """
+    output_seq: _builtins.int
+    """Messages put on the gateway stream so far (SchedulerOutput.seq of the last one) and
+    messages held back while a plan hops (sent after it, HOLD_S): a gateway whose
+    InstanceInfo.output_seq has reached output_seq, with none held, has this
+    scheduler's every token and state report (the virtual-clock conductor waits for it).
+    """
+    outputs_held: _builtins.int
     @_builtins.property
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
     @_builtins.property
@@ -324,10 +339,12 @@ class SchedulerStatus(_message.Message):
         unhidden_samples_s: _abc.Iterable[_builtins.float] | None = ...,
         admission: _builtins.str = ...,
         coefficients_refit_interval_s: _builtins.float = ...,
+        output_seq: _builtins.int = ...,
+        outputs_held: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_refit_interval_s", b"coefficients_refit_interval_s", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_refit_interval_s", b"coefficients_refit_interval_s", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "output_seq", b"output_seq", "outputs_held", b"outputs_held", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -98,6 +98,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.tokenizer.vocab_size, inputs or InputLimits(),
         )
         self.flights: dict[str, Flight] = {}
+        self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
@@ -169,6 +170,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             s = out.state
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
+        self.output_seqs[instance_id] = out.seq  # applied (InstanceInfo.output_seq)
 
     def on_health(self, instance_id: str, serving: bool) -> None:
         """An instance turned unhealthy (its executor is dead or hung, or its scheduler
@@ -346,7 +348,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 kv_capacity_blocks=e.kv_capacity_blocks, block_size=e.block_size,
                 connected=self.links[iid].connected,
                 ignored_sampling=list(e.ignored_sampling),
-                noise_stream=e.noise_stream, noise_cv=e.noise_cv))
+                noise_stream=e.noise_stream, noise_cv=e.noise_cv,
+                output_seq=self.output_seqs.get(iid, 0)))
         first = next(iter(self.statuses.values())).executor
         return gateway_pb2.InfoResponse(
             model=instances[0].model, policies=sorted({i.policy for i in instances}),

@@ -71,6 +71,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
+        self.output_seq = 0  # messages put on gateway streams (SchedulerStatus.output_seq)
         self.replayed: dict[str, int] = {}  # re-announced request -> tokens replayed (_replay)
         self.wake = asyncio.Event()
         self.waiting_for_wake = False  # the loop is parked until ``wake``
@@ -128,7 +129,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         out = scheduler_pb2.SchedulerOutput(time=now)
         for k in range(have, len(tokens)):
             out.tokens.add(request_id=rid, index=k, token_id=tokens[k], time=now)
-        self.outq.put_nowait(out)
+        self._put(self.outq, out)
 
     def _drop_replayed(self, out: scheduler_pb2.SchedulerOutput) -> None:
         """Remove from ``out`` the tokens below their request's replay watermark; the
@@ -229,7 +230,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self.outq.put_nowait(None)  # one gateway at a time: the newest wins
         self.outq = q
         self._hello(first.hello)
-        q.put_nowait(self.output(state=True))
+        self._put(q, self.output(state=True))
         reader = asyncio.create_task(self._read(request_iterator, q))
         try:
             while (msg := await q.get()) is not None:
@@ -277,7 +278,14 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         elif self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
             if self.replayed and out.tokens:
                 self._drop_replayed(out)
-            self.outq.put_nowait(out)
+            self._put(self.outq, out)
+
+    def _put(self, q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None],
+             out: scheduler_pb2.SchedulerOutput) -> None:
+        """Onto the gateway's stream, numbered (``SchedulerOutput.seq``)."""
+        self.output_seq += 1
+        out.seq = self.output_seq
+        q.put_nowait(out)
 
     def hold(self) -> None:
         """Hold gateway messages and the Redis flush for ``HOLD_S`` (a plan just left)."""
@@ -314,6 +322,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
             admission=admission_flags.to_json(self.admission),
+            output_seq=self.output_seq, outputs_held=len(self._held),
         )
 
 
