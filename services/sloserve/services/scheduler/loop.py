@@ -9,7 +9,8 @@ until the next submission or cancel wakes it — the simulator's rule, so both
 drivers ask the policy at the same moments.
 
 Each result must be back by the batch's hang deadline (``sloserve.health``:
-factor x the calibrated predicted batch time + slack); a result that is late,
+factor x the calibrated predicted batch time + slack; none on the event clock,
+``--clock virtual``, where results wait for the conductor); a result that is late,
 or a broken stream, means the executor is lost: the scheduler turns NOT_SERVING
 (the gateway stops routing to it and re-runs its requests elsewhere), puts its
 running requests back to recompute, waits for the executor to answer again
@@ -106,15 +107,22 @@ class ExecutorLost(Exception):
         self.predicted_s, self.deadline_s = predicted_s, deadline_s
 
 
+def _deadline(svc: SchedulerService, predicted_s: float) -> float | None:
+    """The batch's hang deadline; none on the event clock, where the executor holds each
+    result until the conductor's horizon reaches its end (wall time no model predicts)."""
+    return None if svc.clock.virtual else svc.hang.deadline(predicted_s)
+
+
 async def _read(
-    call: Any, deadline_s: float, predicted_s: float
+    call: Any, deadline_s: float | None, predicted_s: float
 ) -> executor_pb2.IterationResult:
     """The plan's result, or :class:`ExecutorLost` once ``deadline_s`` has passed."""
     try:
         res = await asyncio.wait_for(call.read(), deadline_s)
     except TimeoutError:
-        raise ExecutorLost(f"hung: no result {deadline_s:.3f}s after the plan left "
-                           f"(predicted {predicted_s:.3f}s)", predicted_s, deadline_s) from None
+        waited = deadline_s or 0.0  # only a deadline times out
+        raise ExecutorLost(f"hung: no result {waited:.3f}s after the plan left "
+                           f"(predicted {predicted_s:.3f}s)", predicted_s, waited) from None
     except grpc.aio.AioRpcError as exc:
         raise ExecutorLost(f"dead: the Execute stream broke ({exc.code().name})") from None
     if res is grpc.aio.EOF:
@@ -229,7 +237,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             _flush(svc, report)  # the previous batch's tokens, off the critical path
             report = None
             fam.scheduled(plan, now)
-            res = await _read(call, svc.hang.deadline(predicted), predicted)
+            res = await _read(call, _deadline(svc, predicted), predicted)
             svc.hang.observe(predicted, res.duration_s)
             t_recv = time.perf_counter()
             end = clock.batch_end(now, res.duration_s)
@@ -281,7 +289,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
 
     async def landed(f: Flight) -> Report:
         nonlocal prev_recv
-        res = await _read(call, svc.hang.deadline(f.predicted_s), f.predicted_s)
+        res = await _read(call, _deadline(svc, f.predicted_s), f.predicted_s)
         svc.hang.observe(f.predicted_s, res.duration_s)
         t_recv = time.perf_counter()
         end = clock.batch_end(f.start, res.duration_s)

@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "automatic prefix caching; torch, vllm and sim executors)")
     admission_flags.add_flags(p)
     p.add_argument("--hang-factor", type=float, default=HANG_FACTOR,
-                   help="a batch not back by factor x its predicted time + --hang-slack is a hang")
+                   help="a batch not back by factor x its predicted time + --hang-slack is a hang "
+                        "(no deadline with --clock virtual: results wait for the conductor)")
     p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
                    help="seconds added to every batch's hang deadline")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction,
