@@ -320,7 +320,7 @@ def test_on_time_requests_go_before_deferred_ones_and_a_held_one_stops_the_backg
 
 
 def test_at_most_late_max_running_deferred_requests_run_at_once() -> None:
-    i = inst(late_max_running=2, late="defer")
+    i = inst(late_max_running=2, late="defer", late_chunk=4100)
     for k in range(4):
         i.add_request(req(f"late{k}", 2000 + k, ttft=0.2), 0.0)
     t = 0.0
@@ -332,6 +332,48 @@ def test_at_most_late_max_running_deferred_requests_run_at_once() -> None:
         i.complete(plan, t)
         plan, _, _ = i.schedule(t)
         assert {it.request_id for it in plan.items} == {"late0", "late1"}
+
+
+def test_deferred_prefills_take_at_most_late_chunk_tokens_per_iteration_all_together() -> None:
+    i = inst(late="defer", late_chunk=300)
+    i.add_request(req("late0", 200, ttft=0.001), 0.0)
+    i.add_request(req("late1", 1000, ttft=0.001), 0.0)
+    i.add_request(req("late2", 1001, ttft=0.001), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("late0", 200),
+                                                                      ("late1", 100)]
+    i.complete(plan, 0.05)
+    plan, _, _ = i.schedule(0.05)  # late1 goes on; late2 waits for tokens to be left
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("late0", 1),
+                                                                      ("late1", 300)]
+
+
+def deferred_decode_then_prompt(tbt: float, **knobs: object) -> Instance:
+    """A deferred request ("late", it never could make its TTFT) decoding with TBT SLO
+    ``tbt`` since t = 0.05, when an on-time prompt ("p") arrives."""
+    i = inst(late="defer", **knobs)
+    i.add_request(req("late", 100, ttft=0.001, tbt=tbt), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert chunk_of(plan, "late") == 100
+    i.complete(plan, 0.05)
+    i.add_request(req("p", 400, arrival=0.05, ttft=0.2), 0.05)
+    return i
+
+
+@pytest.mark.parametrize("tbt,late_yield,runs", [
+    (10.0, True, False),  # slack to spare: it sits out the on-time prefill
+    (0.1, True, True),  # due before the next iteration (now + 2 x 90 ms): it runs
+    (10.0, False, True),  # late_yield off: deferred decodes run in every iteration
+])
+def test_a_deferred_decode_sits_out_on_time_prefill_unless_its_next_token_is_due(
+        tbt: float, late_yield: bool, runs: bool) -> None:
+    i = deferred_decode_then_prompt(tbt, late_yield=late_yield)
+    plan, _, _ = i.schedule(0.05)
+    assert chunk_of(plan, "p") == 400
+    assert any(it.request_id == "late" for it in plan.items) is runs
+    i.complete(plan, 0.14)
+    plan, _, _ = i.schedule(0.14)  # no on-time prefill left: the deferred decode runs
+    assert {it.request_id for it in plan.items} == {"p", "late"}
 
 
 # --- the two scheduling rules as functions ---------------------------------------------

@@ -55,10 +55,14 @@ Each iteration, for one instance:
    the running iteration with nobody else queued, is *deferred*. Deferred
    requests wait in a background queue, shortest remaining prompt first
    (SPT: the least mean wait among them), and are admitted only when no
-   on-time request is held back, with the budget on-time work leaves, in
-   chunks of at most ``late_chunk`` and at most ``late_max_running`` at once:
-   at low load they are served at once, under overload they cannot crowd out
-   on-time work. ``defer`` defers every given-up request (nothing refused;
+   on-time request is held back, with the budget on-time work leaves,
+   ``late_chunk`` prompt tokens per iteration for all of them together, and at
+   most ``late_max_running`` at once: at low load they are served at once,
+   under overload they cannot crowd out on-time work. A deferred decode sits
+   out an iteration that carries on-time prefill work unless its next token is
+   due before the next iteration could give it (``late_yield``): on AccelGen's
+   mix an on-time prompt's TTFT SLO is 1-1.5x its prefill alone, so any work
+   beside it can break it. ``defer`` defers every given-up request (nothing refused;
    ~2 points less goodput share near capacity on ShareGPT, docs/beyond.md),
    ``drop`` drops every one (refuses even requests an idle GPU could serve
    late), ``serve`` gives up nothing (3b, 3c off).
@@ -123,11 +127,16 @@ class SlackConfig(PolicyConfig):
         "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
         "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
     late_chunk: int = knob(
-        512, "slack: most prompt tokens a deferred request prefills per iteration, so an "
-        "on-time arrival never waits behind a long background iteration", min=1)
+        512, "slack: most prompt tokens the deferred requests prefill per iteration, all "
+        "together, so an on-time arrival never waits behind a long background iteration",
+        min=1)
     late_max_running: int = knob(
-        4, "slack: most deferred requests running at once (prefill or decode), so background "
+        16, "slack: most deferred requests running at once (prefill or decode), so background "
         "work cannot crowd out on-time requests", min=1)
+    late_yield: bool = knob(
+        True, "slack: deferred decodes sit out an iteration that carries on-time prefill "
+        "work (their KV stays), unless their next token is due before the next iteration "
+        "could serve it (docs/beyond.md, the background lane)")
     late_in_budget: bool = knob(
         False, "slack: deferred requests' decodes set the TBT budget too (they missed their "
         "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
@@ -376,6 +385,27 @@ class SlackPolicy(Policy):
             return first + smith_order(jobs, start)
         return first + [j[2] for j in jobs]
 
+    def _yielding(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],
+                  head: Request, limit: float) -> tuple[list[Request], list[Request]]:
+        """The decodes that run with on-time prefill work, and the deferred ones that sit
+        it out: a deferred decode runs only if its next token is due before the next
+        iteration could give it, ``now`` + 2 x this iteration's predicted time (the on-time
+        decodes and ``head``'s chunk at the budget). On AccelGen's mix an on-time prompt's
+        TTFT SLO is 1-1.5x its prefill alone, so any work beside it can break it."""
+        cfg = self.config
+        allowance = max(cfg.min_prefill_tokens, prefill_allowance(
+            view, budgeted, limit, cfg.max_num_batched_tokens, head.num_computed))
+        took = view.perf_model.predict(BatchShape(
+            prefills=((min(allowance, prompt_work(head)), head.num_computed),),
+            decodes=tuple(r.num_computed for r in budgeted)))
+        horizon = view.now + 2 * took
+        run, sit = list(budgeted), list[Request]()
+        for r in decodes:
+            if r.request_id in self._late_running:
+                due = next_token_deadline(r)
+                (run if due is not None and due < horizon else sit).append(r)
+        return run, sit
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         self._sync(view)
@@ -398,12 +428,17 @@ class SlackPolicy(Policy):
         if self._late_running and not cfg.late_in_budget:
             budgeted = [r for r in decodes if r.request_id not in self._late_running]
         limit = tbt_limit(view, budgeted, cfg.tbt_margin)
+        sitting: list[Request] = []
+        if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
+                prefills or self._heap):
+            decodes, sitting = self._yielding(view, decodes, budgeted, head, limit)
         allowance = 0
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
                 view, decodes, limit, cap, head.num_computed))
         b = BatchBuilder(view, len(decodes) + allowance, cfg.max_num_seqs)
         add_decodes(b, decodes)
+        after_decodes = b.tokens_used
         for req in prefills:  # ongoing prefills first, in arrival order
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
@@ -443,23 +478,34 @@ class SlackPolicy(Policy):
             b.add(req, chunk)
         for entry in held:
             heapq.heappush(self._heap, entry)
-        if full or not (late_prefills or self._late_heap):
+        if sitting and not full and b.tokens_used == after_decodes:  # no on-time prefill
+            decodes = decodes + sitting  # after all: the deferred decodes run
+            bg = late_prefills[0].num_computed if late_prefills else 0
+            b.token_budget = max(b.tokens_used, len(decodes) + max(
+                cfg.min_prefill_tokens, prefill_allowance(view, decodes, limit, cap, bg)))
+            add_decodes(b, sitting)
+            sitting = []
+        if full or sitting or not (late_prefills or self._late_heap):
             return b.build()
-        # background: deferred requests get only what on-time work left this iteration
+        # background: deferred requests get only what on-time work left this iteration,
+        # late_chunk prompt tokens at most, all together
+        left = cfg.late_chunk
         for req in late_prefills:
-            if not b.removed(req) and (chunk := min(b.max_chunk(req), cfg.late_chunk)):
+            if not b.removed(req) and (chunk := min(b.max_chunk(req), left)):
                 b.add(req, chunk)
-        while self._late_heap and len(self._late_running) < cfg.late_max_running:
+                left -= chunk
+        while self._late_heap and len(self._late_running) < cfg.late_max_running and left:
             req = self._late_heap[0][2]
             if req.request_id not in self._late or req.status is not RequestStatus.WAITING:
                 heapq.heappop(self._late_heap)
                 self._late.discard(req.request_id)
                 continue
-            chunk = min(b.max_chunk(req), cfg.late_chunk)
+            chunk = min(b.max_chunk(req), left)
             if chunk == 0 or not can_admit(b, req, chunk):
                 break
             heapq.heappop(self._late_heap)
             self._late.discard(req.request_id)
             self._late_running[req.request_id] = req
             b.add(req, chunk)
+            left -= chunk
         return b.build()
