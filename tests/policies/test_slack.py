@@ -376,6 +376,59 @@ def test_a_deferred_decode_sits_out_on_time_prefill_unless_its_next_token_is_due
     assert {it.request_id for it in plan.items} == {"p", "late"}
 
 
+def decoding_for(iterations: int, *young: str, ttft: float = 0.35, **knobs: object
+                 ) -> tuple[Instance, float]:
+    """A decode ("d", TBT SLO 0.1 s) that ran ``iterations`` 10 ms iterations (its mean
+    TBT far under its SLO: time banked), beside decodes ``young`` that just got their
+    first token; then a prompt ("p", 1,500 tokens, TTFT ``ttft``) arrives. With 0.35 s:
+    alone its prefill is predicted at 0.31 s; in chunks of the TBT budget (~330 tokens
+    per 0.08 s) it needs five iterations, 0.4 s: it makes its TTFT only whole. Returns
+    the instance and the time."""
+    i = inst(late="drop", **knobs)
+    i.add_request(req("d", 100, output=5000), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    t = 0.0
+    for k in range(iterations):
+        if k == iterations - 1:
+            for rid in young:
+                i.add_request(req(rid, 10, output=5000, arrival=t), t)
+        plan, _, _ = i.schedule(t)
+        t += 0.01
+        i.complete(plan, t)
+    i.add_request(req("p", 1500, arrival=t, ttft=ttft), t)
+    return i, t
+
+
+@pytest.mark.parametrize("iterations,share,whole", [
+    (600, 0.002, True),  # 600 gaps so far: one stretched gap is within 0.2 %
+    (400, 0.002, False),  # 400 gaps: one more would pass 0.2 % of them
+    (600, 0.0, False),  # stall_share 0: never
+])
+def test_a_prompt_that_makes_its_ttft_only_whole_stalls_decodes_that_banked_time(
+        iterations: int, share: float, whole: bool) -> None:
+    i, t = decoding_for(iterations, stall_share=share)
+    plan, _, _ = i.schedule(t)
+    if whole:
+        assert chunk_of(plan, "p") == 1500 and chunk_of(plan, "d") == 1
+        assert plan.dropped == []
+    else:
+        assert plan.dropped == ["p"]  # chunks miss its TTFT: given up (late="drop")
+
+
+def test_no_stall_while_a_decode_has_banked_no_time() -> None:
+    # "y" has one token: its mean TBT after a 0.31 s iteration would be 0.31 s > 0.1 s
+    # (1,100 gaps: the two stretched ones would be within 0.2 %)
+    i, t = decoding_for(1100, "y", stall_share=0.002)
+    plan, _, _ = i.schedule(t)
+    assert plan.dropped == ["p"]
+
+
+def test_no_stall_when_chunks_make_the_ttft() -> None:
+    i, t = decoding_for(600, ttft=5.0, stall_share=0.002)  # ample time in chunks
+    plan, _, _ = i.schedule(t)
+    assert 0 < chunk_of(plan, "p") < 1500
+
+
 # --- the two scheduling rules as functions ---------------------------------------------
 
 

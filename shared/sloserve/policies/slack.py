@@ -16,6 +16,13 @@ Each iteration, for one instance:
    decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
    prompts go in at once, as vLLM's prefill-first schedule does; the budget
    never falls below ``min_prefill_tokens`` so a prompt always progresses.
+   **A stall that saves a request** (``stall_share``): when the first queued
+   prompt would miss its TTFT in chunks of this budget but makes it whole, it goes
+   in whole if every on-time decode's *mean* TBT (what goodput judges) still meets
+   its SLO after that one long iteration and the decode gaps stalls stretched past
+   their SLO stay within ``stall_share`` of all gaps (the pooled P99 TBT criterion,
+   Sarathi-Serve §5.1, allows 1 %): vLLM's prefill-first stall, taken only where it
+   saves a request.
 3. **Which prompts, in which order** — "prioritise shorter requests for
    throughput while ensuring longer ones are processed in time" (Ascendra §2,
    Fig. 2; its §5.2/§8.4 EDF-vs-SJF ablation), made exact on the one-machine
@@ -142,6 +149,12 @@ class SlackConfig(PolicyConfig):
         "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
         "TBT P99 and passes `tail` on AccelGen's mix, at a cost in goodput under load "
         "(docs/beyond.md, the background lane)")
+    stall_share: float = knob(
+        0.002, "slack: when the first queued prompt would miss its TTFT in chunks of the "
+        "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "
+        "meets its SLO after that long iteration, and if the decode gaps it stretches past "
+        "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
+        "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
     shed_window: int = knob(
         64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
         "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
@@ -221,6 +234,8 @@ class SlackPolicy(Policy):
         self._late_running: dict[str, Request] = {}  # deferred requests admitted, not done
         self._pending: list[Request] = []
         self._seq = itertools.count()
+        self._gaps = 0  # decode tokens planned on this instance (the gaps they close)
+        self._stretched = 0  # of them, planned in a stall past their own TBT SLO
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._pending.append(req)
@@ -385,6 +400,40 @@ class SlackPolicy(Policy):
             return first + smith_order(jobs, start)
         return first + [j[2] for j in jobs]
 
+    def _stall(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],
+               head: Request, limit: float, allowance: int) -> tuple[float, int]:
+        """``(limit, allowance)`` for this iteration: as given, or widened to ``head``'s
+        whole prompt when chunks of ``allowance`` would miss its TTFT deadline, the whole
+        prompt beside ``decodes`` is predicted to make it, and after that iteration every
+        on-time decode's *mean* TBT (first token to its next, over the gaps) is still within
+        ``tbt_margin`` of its SLO. Goodput judges the mean (docs/design.md), so a decode that
+        banked time can absorb one stall, as vLLM's prefill-first schedule makes it do;
+        the budget of 2 guards per-token gaps everywhere else."""
+        work, deadline = prompt_work(head), head.ttft_deadline
+        if (deadline is None or head.num_generated or work <= allowance
+                or work > self.config.max_num_batched_tokens
+                or self._queued.get(head.request_id) is None):
+            return limit, allowance
+        dec = tuple(r.num_computed for r in decodes)
+        if not self.doomed(head, self._start_by[head.request_id], view, limit, allowance, dec):
+            return limit, allowance  # its chunks make it: no stall needed
+        took = view.perf_model.predict(BatchShape(prefills=((work, head.num_computed),),
+                                                  decodes=dec))
+        now = view.now
+        if now + took > deadline:
+            return limit, allowance  # hopeless even whole
+        margin = self.config.tbt_margin
+        for r in budgeted:
+            tbt, tt = r.slo.tbt, r.token_times
+            if tbt is not None and tt and took > margin * (tt[0] + len(tt) * tbt - now):
+                return limit, allowance
+        stretched = sum(1 for r in decodes if r.slo.tbt is not None and r.token_times
+                        and now + took - r.token_times[-1] > r.slo.tbt)
+        if self._stretched + stretched > self.config.stall_share * (self._gaps + len(decodes)):
+            return limit, allowance
+        self._stretched += stretched
+        return max(limit, took), work
+
     def _yielding(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],
                   head: Request, limit: float) -> tuple[list[Request], list[Request]]:
         """The decodes that run with on-time prefill work, and the deferred ones that sit
@@ -436,6 +485,8 @@ class SlackPolicy(Policy):
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
                 view, decodes, limit, cap, head.num_computed))
+            if cfg.stall_share and not prefills and limit != math.inf:
+                limit, allowance = self._stall(view, decodes, budgeted, head, limit, allowance)
         b = BatchBuilder(view, len(decodes) + allowance, cfg.max_num_seqs)
         add_decodes(b, decodes)
         after_decodes = b.tokens_used
@@ -485,6 +536,7 @@ class SlackPolicy(Policy):
                 cfg.min_prefill_tokens, prefill_allowance(view, decodes, limit, cap, bg)))
             add_decodes(b, sitting)
             sitting = []
+        self._gaps += len(decodes)
         if full or sitting or not (late_prefills or self._late_heap):
             return b.build()
         # background: deferred requests get only what on-time work left this iteration,
