@@ -20,8 +20,8 @@ from sloserve.policies.slack import (
     SHED_REASON,
     SlackConfig,
     SlackPolicy,
-    smith_order,
 )
+from sloserve.policies.slack_rules import moore_hodgson, smith_order
 from sloserve.request import SLO, Request
 
 PERF = LinearPerfModel()  # 10 ms + 0.2 ms per token + 0.1 us per context token
@@ -470,7 +470,7 @@ def test_smith_order_keeps_every_deadline_edf_keeps_and_never_costs_more(
 def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]]) -> None:
     jobs = sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
                    for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
-    kept, late = SlackPolicy.moore_hodgson(jobs, 0.0)  # type: ignore[arg-type]
+    kept, late = moore_hodgson(jobs, 0.0)  # type: ignore[arg-type]
     assert len(kept) + len(late) == len(jobs)
     assert all(e <= d + 1e-9 for e, (d, _, _) in zip(run_ends(kept, 0.0), kept, strict=True))
     # no subset larger than ``kept`` is feasible (checked in EDF order, which is optimal)

@@ -89,7 +89,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan, BatchShape
@@ -101,6 +100,15 @@ from sloserve.policies.base import (
     add_decodes,
     can_admit,
     knob,
+)
+from sloserve.policies.slack_rules import (
+    doomed,
+    moore_hodgson,
+    prefill_allowance,
+    prefill_cost,
+    prompt_work,
+    smith_order,
+    tbt_limit,
 )
 from sloserve.request import Request, RequestStatus
 from sloserve.slo import next_token_deadline
@@ -160,65 +168,6 @@ class SlackConfig(PolicyConfig):
         "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
 
 
-def prompt_work(req: Request) -> int:
-    """Tokens ``req`` still has to prefill (hook: a prefix cache would subtract its hits)."""
-    return req.num_uncomputed
-
-
-def tbt_limit(view: InstanceView, decodes: list[Request], margin: float) -> float:
-    """Seconds the next iteration may take: ``margin`` x the smallest decode TBT slack
-    (``inf`` when no decode has a TBT SLO)."""
-    slack = math.inf
-    for r in decodes:
-        deadline = next_token_deadline(r)
-        if deadline is not None and deadline - view.now < slack:
-            slack = deadline - view.now
-    return slack * margin
-
-
-def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
-                      cap: int, ctx: int) -> int:
-    """The most prefill tokens ``N <= cap`` with predict(decodes + chunk N over ``ctx``)
-    <= ``limit`` (binary search; the prediction grows with N)."""
-    if limit == math.inf:
-        return cap
-    dec = tuple(r.num_computed for r in decodes)
-    predict = view.perf_model.predict
-    lo, hi = 0, cap
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if predict(BatchShape(prefills=((mid, ctx),), decodes=dec)) <= limit:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def smith_order(jobs: list[tuple[float, float, Request]], start: float) -> list[Request]:
-    """Smith's backward rule (1956) for the least total completion time subject to deadlines
-    on one machine. ``jobs``: ``(deadline, cost, request)`` in deadline order, run back to back
-    from ``start``. From the end: of the jobs whose deadline the whole remaining sequence
-    meets, the longest goes last; if none does (an overloaded set), the one with the latest
-    deadline goes last, as EDF would run it. Returns the requests in run order."""
-    end = start + sum(c for _, c, _ in jobs)
-    ready: list[tuple[float, float, int]] = []  # max-heap on (cost, deadline, position)
-    i = len(jobs) - 1
-    out: list[Request] = []
-    while len(out) < len(jobs):
-        while i >= 0 and jobs[i][0] >= end:
-            heapq.heappush(ready, (-jobs[i][1], -jobs[i][0], -i))  # ties: the later goes last
-            i -= 1
-        if ready:
-            k = -heapq.heappop(ready)[2]
-        else:
-            k = i
-            i -= 1
-        out.append(jobs[k][2])
-        end -= jobs[k][1]
-    out.reverse()
-    return out
-
-
 class SlackPolicy(Policy):
     name = "slack"
     config_cls = SlackConfig
@@ -248,61 +197,6 @@ class SlackPolicy(Policy):
             return math.inf
         shape = BatchShape(prefills=((prompt_work(req), req.num_computed),))
         return deadline - view.perf_model.predict(shape)
-
-    @staticmethod
-    def doomed(req: Request, start_by: float, view: InstanceView, limit: float,
-               allowance: int, dec: tuple[int, ...]) -> bool:
-        """Whether ``req`` can no longer meet its TTFT: its latest start ``start_by`` has
-        passed, or its prompt needs more iterations of this budget than it has time left —
-        the last one as predicted beside the decodes ``dec``, each earlier one up to
-        ``limit`` s."""
-        if start_by < view.now:
-            return True
-        deadline = req.ttft_deadline
-        if deadline is None or limit == math.inf or allowance < 1:
-            return False
-        work = prompt_work(req)
-        last = view.perf_model.predict(
-            BatchShape(prefills=((min(work, allowance), req.num_computed),), decodes=dec))
-        return view.now + (math.ceil(work / allowance) - 1) * limit + last > deadline
-
-    @staticmethod
-    def prefill_cost(view: InstanceView, limit: float, allowance: int) -> Callable[[int], float]:
-        """Predicted seconds to prefill ``tokens`` at this iteration's budget: alone on the
-        GPU with no TBT limit, else ``limit`` per ``allowance`` tokens."""
-        if limit == math.inf:
-            predict = view.perf_model.predict
-
-            def alone(tokens: int) -> float:
-                return predict(BatchShape(prefills=((tokens, 0),)))
-            return alone
-        rate = limit / max(allowance, 1)  # seconds per prompt token at this budget
-
-        def at_rate(tokens: int) -> float:
-            return tokens * rate
-        return at_rate
-
-    @staticmethod
-    def moore_hodgson(jobs: list[tuple[float, float, Request]], start: float
-                      ) -> tuple[list[tuple[float, float, Request]], list[Request]]:
-        """Moore-Hodgson (1968), the fewest late jobs on one machine: walk ``jobs``
-        (``(deadline, cost, request)``, in deadline order) from ``start``; whenever the
-        running end passes a deadline, drop the longest walked so far. Returns the kept
-        jobs (in order) and the dropped requests."""
-        t = start
-        kept: list[tuple[float, int]] = []  # max-heap on cost: (-cost, index)
-        out: set[int] = set()
-        for k, (deadline, c, _) in enumerate(jobs):
-            heapq.heappush(kept, (-c, k))
-            t += c
-            if t > deadline:
-                neg, longest = heapq.heappop(kept)
-                t += neg
-                out.add(longest)
-        if not out:
-            return jobs, []
-        return ([j for k, j in enumerate(jobs) if k not in out],
-                [jobs[k][2] for k in sorted(out)])
 
     def _key(self, req: Request, start_by: float) -> float:
         if self.config.order == "latest-start":
@@ -387,13 +281,13 @@ class SlackPolicy(Policy):
                 fresh.append(req)
         if not fresh:
             return first
-        cost = self.prefill_cost(view, limit, allowance)
+        cost = prefill_cost(view, limit, allowance)
         start = view.now + (cost(ongoing) if ongoing else 0.0)
         jobs = [(d, cost(prompt_work(r)), r) for r in fresh if (d := r.ttft_deadline) is not None]
         if cfg.order == "smith":
             jobs.sort(key=lambda j: j[0])  # stable: equal deadlines keep the heap order
         if give_up:
-            jobs, late = self.moore_hodgson(jobs, start)
+            jobs, late = moore_hodgson(jobs, start)
             for req in late:
                 self._give_up(b, req, hopeless=self._start_by[req.request_id] < view.now)
         if cfg.order == "smith":
@@ -415,7 +309,7 @@ class SlackPolicy(Policy):
                 or self._queued.get(head.request_id) is None):
             return limit, allowance
         dec = tuple(r.num_computed for r in decodes)
-        if not self.doomed(head, self._start_by[head.request_id], view, limit, allowance, dec):
+        if not doomed(head, self._start_by[head.request_id], view, limit, allowance, dec):
             return limit, allowance  # its chunks make it: no stall needed
         took = view.perf_model.predict(BatchShape(prefills=((work, head.num_computed),),
                                                   decodes=dec))
@@ -500,7 +394,7 @@ class SlackPolicy(Policy):
             ongoing = sum(prompt_work(r) for r in prefills)
             for req in self._window(b, view, ongoing, limit, allowance):
                 start_by = self._start_by[req.request_id]
-                if give_up and not req.num_generated and self.doomed(
+                if give_up and not req.num_generated and doomed(
                         req, start_by, view, limit, allowance, dec):
                     self._give_up(b, req, hopeless=True)
                     continue
@@ -516,7 +410,7 @@ class SlackPolicy(Policy):
             key, _, req = entry
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
                 continue  # stale: admitted, dropped, deferred or re-keyed since it was pushed
-            if give_up and req.num_generated == 0 and self.doomed(
+            if give_up and req.num_generated == 0 and doomed(
                     req, self._start_by[req.request_id], view, limit, allowance, dec):
                 self._give_up(b, req, hopeless=True)
                 continue
