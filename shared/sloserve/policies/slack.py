@@ -298,11 +298,13 @@ class SlackPolicy(Policy):
                head: Request, limit: float, allowance: int) -> tuple[float, int]:
         """``(limit, allowance)`` for this iteration: as given, or widened to ``head``'s
         whole prompt when chunks of ``allowance`` would miss its TTFT deadline, the whole
-        prompt beside ``decodes`` is predicted to make it, and after that iteration every
+        prompt beside ``decodes`` is predicted to make it, after that iteration every
         on-time decode's *mean* TBT (first token to its next, over the gaps) is still within
-        ``tbt_margin`` of its SLO. Goodput judges the mean (docs/design.md), so a decode that
-        banked time can absorb one stall, as vLLM's prefill-first schedule makes it do;
-        the budget of 2 guards per-token gaps everywhere else."""
+        ``tbt_margin`` of its SLO, and the gaps it stretches past their own TBT SLO keep
+        the instance's stretched gaps within ``stall_share`` of all its planned gaps (they
+        count once granted). Goodput judges the mean (docs/design.md), so a decode that
+        banked time can absorb a stall, as vLLM's prefill-first schedule makes it do; the
+        TBT-slack budget (rule 2 of the module docstring) guards every other gap."""
         work, deadline = prompt_work(head), head.ttft_deadline
         if (deadline is None or head.num_generated or work <= allowance
                 or work > self.config.max_num_batched_tokens
