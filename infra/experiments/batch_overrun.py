@@ -39,7 +39,8 @@ CALIBRATION = (ROOT / "docs/results/live_vs_sim_n600_replay_fasthost"
 KEYS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
 
 
-def live(n: int, qps: float) -> dict[str, Any]:
+def live(n: int, qps: float, policy: str = "ascendra", instances: int = 3,
+         hp_instances: int = 1) -> dict[str, Any]:
     import redis
 
     from sloserve.perf.ground_truth import ProfileTiming
@@ -50,7 +51,8 @@ def live(n: int, qps: float) -> dict[str, Any]:
 
     os.environ["SLOSERVE_INTERNAL_TOKEN"] = new_token()
     prefix = f"sloserve:overrun{os.getpid()}"
-    cfg = StackConfig(policy="ascendra", instances=3, hp_instances=1, seed=0, prefix=prefix,
+    cfg = StackConfig(policy=policy, instances=instances, hp_instances=hp_instances, seed=0,
+                      prefix=prefix,
                       gateway_port=22000 + os.getpid() % 1000, redis_url=REDIS_URL,
                       log_dir=Path(tempfile.mkdtemp(prefix="overrun-")))
     with Stack(cfg) as stack:

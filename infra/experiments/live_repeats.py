@@ -1,4 +1,4 @@
-"""Issue 14: the live stack's own run-to-run spread, Ascendra 2L1H, against the simulator's.
+"""Issue 14: the live stack's own run-to-run spread against the simulator's.
 
 The live-vs-sim table (``live_vs_sim.py --num-requests 600 --tag fasthost``) set one live
 run per load (two runs in all) against the median of 16 simulated noise draws. One live
@@ -7,12 +7,14 @@ table (same workload, seeds and stack: ``batch_overrun.py live 600 QPS``, whose 
 same command without ``--compare-sim``) and compares the *median of the live runs* with
 the same simulated median, metric by metric, beside each single run's difference.
 
-    PYTHONPATH=shared:services python infra/experiments/live_repeats.py run LOAD [K]
+    PYTHONPATH=shared:services python infra/experiments/live_repeats.py run DEP LOAD [K]
     PYTHONPATH=shared:services python infra/experiments/live_repeats.py table
 
-``run`` adds K (default 4) live runs at LOAD x 9.5 req/s to
-``docs/results/live_repeats_fasthost/ascendra-<LOAD>.runN.json``; ``table`` reads them with
-the table's two runs and writes ``docs/results/live_repeats_fasthost.json``.
+DEP is ``ascendra`` (2L1H, capacity 9.5 req/s, against the fast-host table's best predictor)
+or ``sarathi`` (one instance, 1.9375 req/s, against the 600-request replay table's overlap
+simulation, the one that met the bar there). ``run`` adds K (default 4) live runs at LOAD x
+capacity to ``docs/results/live_repeats_fasthost/<DEP>-<LOAD>.runN.json``; ``table`` reads
+them with the tables' own live runs and writes ``docs/results/live_repeats_fasthost.json``.
 """
 
 from __future__ import annotations
@@ -25,34 +27,49 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from batch_overrun import CAPACITY, KEYS, live  # noqa: E402
+from batch_overrun import KEYS, live  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 RAW = ROOT / "docs/results/live_repeats_fasthost"
-TABLE = ROOT / "docs/results/live_vs_sim_n600_replay_fasthost.json"
 OUT = ROOT / "docs/results/live_repeats_fasthost.json"
-PREDICTOR = "overlap+calibration_profile+refit1s+draws16"  # the table's best, no live input
+# deployment: (instances, HP instances, capacity req/s, the live-vs-sim table, its predictor)
+DEPLOYMENTS: dict[str, tuple[int, int, float, str, str]] = {
+    "ascendra": (3, 1, 9.5, "live_vs_sim_n600_replay_fasthost.json",
+                 "overlap+calibration_profile+refit1s+draws16"),  # the best with no live input
+    "sarathi": (1, 0, 1.9375, "live_vs_sim_n600_replay.json", "overlap"),
+}
 LOADS = (0.5, 0.7, 0.9)
 
 
-def run(load: float, k: int) -> None:
+def run(dep: str, load: float, k: int) -> None:
+    instances, hp, capacity, _, _ = DEPLOYMENTS[dep]
     RAW.mkdir(parents=True, exist_ok=True)
-    have = len(list(RAW.glob(f"ascendra-{load:g}.run*.json")))
+    have = len(list(RAW.glob(f"{dep}-{load:g}.run*.json")))
     for n in range(have + 1, have + k + 1):
-        res = live(600, load * CAPACITY)
-        (RAW / f"ascendra-{load:g}.run{n}.json").write_text(json.dumps(res, indent=1) + "\n")
-        print(load, n, res["bench"], flush=True)
+        res = live(600, load * capacity, dep, instances, hp)
+        (RAW / f"{dep}-{load:g}.run{n}.json").write_text(json.dumps(res, indent=1) + "\n")
+        print(dep, load, n, res["bench"], flush=True)
 
 
 def table() -> dict[str, Any]:
-    rows = json.loads(TABLE.read_text())["rows"]
-    out: dict[str, Any] = {"predictor": PREDICTOR, "loads": {}}
+    out: dict[str, Any] = {}
+    for dep, (_, _, capacity, source, predictor) in DEPLOYMENTS.items():
+        out[dep] = {"table": source, "predictor": predictor, "loads": cells_of(
+            dep, capacity, json.loads((ROOT / "docs/results" / source).read_text())["rows"],
+            predictor)}
+    OUT.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
+def cells_of(dep: str, capacity: float, rows: list[dict[str, Any]], predictor: str
+             ) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for load in LOADS:
-        mine = [r for r in rows if r["deployment"] == "ascendra" and r["load"] == load]
-        sim = {k: v["sim"] for k, v in mine[0]["sim"][PREDICTOR]["metrics"].items()}
+        mine = [r for r in rows if r["deployment"] == dep and r["load"] == load]
+        sim = {k: v["sim"] for k, v in mine[0]["sim"][predictor]["metrics"].items()}
         runs = [r["live"] for r in mine]
         runs += [json.loads(p.read_text())["bench"]
-                 for p in sorted(RAW.glob(f"ascendra-{load:g}.run*.json"))]
+                 for p in sorted(RAW.glob(f"{dep}-{load:g}.run*.json"))]
         cells = {}
         for key in KEYS:
             values = [r[key] for r in runs]
@@ -63,19 +80,20 @@ def table() -> dict[str, Any]:
                           "diff_runs": [v / sim[key] - 1 for v in values],
                           "within_5pct_runs": sum(abs(v / sim[key] - 1) <= 0.05
                                                   for v in values)}
-        out["loads"][f"{load:g}"] = {"qps": load * CAPACITY, "offloads_live":
-                                     [r.get("offloads") for r in runs], "metrics": cells}
-    OUT.write_text(json.dumps(out, indent=1) + "\n")
+        out[f"{load:g}"] = {"qps": load * capacity, "offloads_live":
+                            [r.get("offloads") for r in runs], "metrics": cells}
     return out
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "run":
-        run(float(sys.argv[2]), int(sys.argv[3]) if len(sys.argv) > 3 else 4)
+        run(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 4)
     else:
-        for load, row in table()["loads"].items():
-            for key, c in row["metrics"].items():
-                print(f"{load} {key}: live median {c['live_median'] * 1e3:.1f} ms "
-                      f"({c['live_min'] * 1e3:.1f}-{c['live_max'] * 1e3:.1f}, {c['runs']} runs) "
-                      f"sim {c['sim'] * 1e3:.1f} ms: {c['diff_median']:+.1%}; single runs "
-                      f"within 5 %: {c['within_5pct_runs']} of {c['runs']}")
+        for dep, t in table().items():
+            for load, row in t["loads"].items():
+                for key, c in row["metrics"].items():
+                    print(f"{dep} {load} {key}: live median {c['live_median'] * 1e3:.1f} ms "
+                          f"({c['live_min'] * 1e3:.1f}-{c['live_max'] * 1e3:.1f}, "
+                          f"{c['runs']} runs) sim {c['sim'] * 1e3:.1f} ms: "
+                          f"{c['diff_median']:+.1%}; single runs within 5 %: "
+                          f"{c['within_5pct_runs']} of {c['runs']}")
