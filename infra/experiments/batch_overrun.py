@@ -55,6 +55,7 @@ def live(n: int, qps: float, policy: str = "ascendra", instances: int = 3,
                       prefix=prefix,
                       gateway_port=22000 + os.getpid() % 1000, redis_url=REDIS_URL,
                       log_dir=Path(tempfile.mkdtemp(prefix="overrun-")))
+    load_before = os.getloadavg()
     with Stack(cfg) as stack:
         r = subprocess.run(
             [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", stack.gateway,
@@ -68,7 +69,8 @@ def live(n: int, qps: float, policy: str = "ascendra", instances: int = 3,
         s = decode(fields)
         pairs.setdefault(fields[b"src"].decode(), []).append(
             (s.duration, truth.noiseless_time(s.shape)))
-    out: dict[str, Any] = {"bench": {k: bench.get(k) for k in (*KEYS, "completed", "offloads")}}
+    out: dict[str, Any] = {"bench": {k: bench.get(k) for k in (*KEYS, "completed", "offloads")},
+                           "load_avg_before": load_before, "load_avg_after": os.getloadavg()}
     for src, p in pairs.items():
         t, ref = np.array(p).T
         ex = (t - ref) * 1e3
