@@ -84,7 +84,8 @@ def cell_name(trace: str, instances: int, slo: str) -> str:
 
 def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
            seeds: list[str], refs: list[str], variants: list[str] | None = None,
-           ours_config: SlackConfig | None = None) -> list[tuple[str, str, SimConfig]]:
+           ours_config: SlackConfig | None = None, seed: int = 0
+           ) -> list[tuple[str, str, SimConfig]]:
     out = []
     ours = [OURS, *(f"{OURS}-{v}" for v in variants or [])]
     for slo in slos:  # the uniform cells first, so a cut-short run holds them
@@ -97,7 +98,7 @@ def setups(k: int, traces: list[str], instances: list[int], slos: list[str],
                     pc = (dataclasses.replace(ours_config or SlackConfig(), late=mode) if mode
                           else ours_config if p == OURS else None)
                     cfg = SimConfig(policy=p, trace=trace, instances=n, hp_instances=hp,
-                                    num_requests=k, policy_config=pc, **SLOS[slo])
+                                    num_requests=k, seed=seed, policy_config=pc, **SLOS[slo])
                     out.append((cell_name(trace, n, slo), label, cfg))
     return out
 
@@ -209,10 +210,11 @@ def fixed_rows(mine: dict[str, Any], seeds: list[dict[str, Any]], refs: list[dic
 
 
 def bound_for(cfg: SimConfig, target: float) -> dict[str, Any]:
-    """The goodput bound on the workload ``cfg`` simulates (its rate does not matter)."""
+    """The goodput bound on the workload ``cfg`` simulates (the bound rescales its arrivals
+    to every rate it tries, so ``cfg.qps`` does not matter)."""
     requests = build_workload(cfg, get_model(cfg.model), build_timing(cfg)).requests
     floor = ProfileTiming(cfg.model, cfg.gpu, noise_cv=0.0, tp=cfg.tp)
-    return goodput_bound(requests, floor, instances=cfg.instances, target=target)
+    return goodput_bound(requests, floor, qps=cfg.qps, instances=cfg.instances, target=target)
 
 
 def summarise(results: list[dict[str, Any]], bounds: dict[str, dict[str, Any]],
@@ -280,6 +282,8 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="workload seed (arrivals, request sample, ground-truth noise)")
     ap.add_argument("--only", default="", help="substring filter on 'cell/policy'")
     ap.add_argument("--traces", default=",".join(TRACES))
     ap.add_argument("--instances", default="1,3")
@@ -310,10 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     items = [s for s in setups(a.num_requests, a.traces.split(","),
                                [int(x) for x in a.instances.split(",")], a.slos.split(","),
                                seeds, refs, [v for v in a.variants.split(",") if v],
-                               ours_config(a))
+                               ours_config(a), a.seed)
              if a.only in f"{s[0]}/{s[1]}"]
     t0 = time.time()
-    results: list[dict[str, Any]] = []
+    cells = {i[0]: i for i in items}  # every cell asked for: its bound and feasible share
+    results: list[dict[str, Any]] = []   # are recomputed (cheap), even on --resume
     if a.resume:
         try:
             with open(a.out) as f:
@@ -322,9 +327,6 @@ def main(argv: list[str] | None = None) -> None:
             pass
         have = {(r["cell"], r["policy"]) for r in results}
         items = [i for i in items if (i[0], i[1]) not in have]
-    cells = {i[0]: i for i in items}
-    for r in results:
-        cells.pop(r["cell"], None)
     feasible: dict[str, dict[str, Any]] = {}
     bounds: dict[str, dict[str, Any]] = {}
     for cell, (_, _, cfg) in cells.items():

@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> None:
     base = SimConfig(policy="vllm", trace=a.trace, num_requests=a.num_requests, ttft_slo=None,
                      tbt_slo=0.1875, slo_mix="hetero")
     reqs = build_workload(base, get_model(base.model), build_timing(base)).requests
-    bound = goodput_bound(reqs, ProfileTiming(base.model, base.gpu, noise_cv=0.0))
+    bound = goodput_bound(reqs, ProfileTiming(base.model, base.gpu, noise_cv=0.0), qps=base.qps)
     rows: list[dict[str, Any]] = []
     for rate in (float(x) for x in a.rates.split(",")):
         for p in a.policies.split(","):

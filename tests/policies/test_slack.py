@@ -465,6 +465,50 @@ def test_smith_order_keeps_every_deadline_edf_keeps_and_never_costs_more(
         assert sum(smith_ends) <= best + 1e-9
 
 
+def smith_jobs(raw: list[tuple[float, float]]) -> list[tuple[float, float, Request]]:
+    return sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
+                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+
+
+@settings(max_examples=300, deadline=None)
+@given(jobs_st, st.sampled_from([0.1, 0.5, 1.0, 3.0]))
+def test_smith_margin_keeps_every_deadline_edf_keeps_with_the_work_stretched(
+        raw: list[tuple[float, float]], margin: float) -> None:
+    # with every cost stretched by 1 + margin (a prediction that much too optimistic), the
+    # margin's order still meets every deadline that EDF's order meets; margin 0 does not
+    # promise this (Smith's rule puts a long job exactly at its deadline)
+    jobs = smith_jobs(raw)
+    order = smith_order(jobs, 0.0, margin)  # type: ignore[arg-type]
+    by_id = {j[2].request_id: j for j in jobs}
+    stretched = [(by_id[r.request_id][0], by_id[r.request_id][1] * (1 + margin), r.request_id)
+                 for r in order]
+    edf = [(d, c * (1 + margin), r.request_id) for d, c, r in jobs]
+    if all(e <= d for e, (d, _, _) in zip(run_ends(edf, 0.0), edf, strict=True)):
+        assert all(e <= d + 1e-9 for e, (d, _, _) in
+                   zip(run_ends(stretched, 0.0), stretched, strict=True))
+
+
+@settings(max_examples=200, deadline=None)
+@given(jobs_st)
+def test_a_huge_smith_margin_is_edf(raw: list[tuple[float, float]]) -> None:
+    jobs = smith_jobs(raw)
+    order = smith_order(jobs, 0.0, 1e9)  # type: ignore[arg-type]
+    assert [r.request_id for r in order] == [j[2].request_id for j in jobs]
+
+
+@pytest.mark.parametrize(("margin", "long_goes"), [(0.0, "last"), (1.0, "first")])
+def test_smith_margin_keeps_a_long_prompt_from_its_deadline_edge(
+        margin: float, long_goes: str) -> None:
+    # a 0.8 s prompt due at 1.0 s, two 0.05 s prompts due at 2 s: Smith's rule runs the
+    # short ones first, ending the long one at 0.9 s (0.1 s to spare); with margin 1 the
+    # long one may end last only if 2 x 0.9 s <= 1.0 s, so it goes first
+    mk = [(1.0, 0.8, Request("long", 0.0, 1, 1, SLO(ttft=1.0))),
+          (2.0, 0.05, Request("a", 0.0, 1, 1, SLO(ttft=2.0))),
+          (2.0, 0.05, Request("b", 0.0, 1, 1, SLO(ttft=2.0)))]
+    order = [r.request_id for r in smith_order(mk, 0.0, margin)]
+    assert order.index("long") == (2 if long_goes == "last" else 0)
+
+
 @settings(max_examples=300, deadline=None)
 @given(jobs_st)
 def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]]) -> None:

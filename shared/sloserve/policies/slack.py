@@ -49,7 +49,10 @@ Each iteration, for one instance:
       its deadline after it, and an urgent long one goes first. This is what
       lowers the median scheduling delay (the ``tail`` criterion) and mean TTFT
       against plain EDF or the previous latest-start order (docs/beyond.md),
-      without losing a request that EDF would have kept;
+      without losing a request that EDF would have kept. Smith's rule plans a
+      long prompt to end just at its deadline, so any optimism of the prediction
+      makes it late: a prompt may go last only if it would still end in time
+      with the predicted work ahead of it doubled (``smith_margin`` 1.0);
    e. ongoing prefills continue first; a preempted request (already has tokens)
       goes before the fresh ones in the window.
 4. **Requests given up** (``late``). ``triage`` (default): a request that
@@ -141,6 +144,10 @@ class SlackConfig(PolicyConfig):
         "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
         "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
         "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
+    smith_margin: float = knob(
+        1.0, "slack: Smith's rule lets a prompt go last only if it still meets its TTFT "
+        "with the predicted work up to its end stretched by 1 + this, so a long prompt is "
+        "not pushed to the edge of its deadline (0: Smith's rule; large: EDF)", min=0.0)
     late_chunk: int = knob(
         512, "slack: most prompt tokens the deferred requests prefill per iteration, all "
         "together, so an on-time arrival never waits behind a long background iteration",
@@ -291,7 +298,7 @@ class SlackPolicy(Policy):
             for req in late:
                 self._give_up(b, req, hopeless=self._start_by[req.request_id] < view.now)
         if cfg.order == "smith":
-            return first + smith_order(jobs, start)
+            return first + smith_order(jobs, start, cfg.smith_margin)
         return first + [j[2] for j in jobs]
 
     def _stall(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],

@@ -50,18 +50,24 @@ def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
     return lo
 
 
-def smith_order(jobs: list[tuple[float, float, Request]], start: float) -> list[Request]:
+def smith_order(jobs: list[tuple[float, float, Request]], start: float,
+                margin: float = 0.0) -> list[Request]:
     """Smith's backward rule (1956) for the least total completion time subject to deadlines
     on one machine. ``jobs``: ``(deadline, cost, request)`` in deadline order, run back to back
     from ``start``. From the end: of the jobs whose deadline the whole remaining sequence
     meets, the longest goes last; if none does (an overloaded set), the one with the latest
-    deadline goes last, as EDF would run it. Returns the requests in run order."""
+    deadline goes last, as EDF would run it. Returns the requests in run order.
+
+    ``margin``: a job may go last only if it meets its deadline with the predicted time
+    from ``start`` to its end stretched by ``1 + margin`` (the prediction error grows with
+    the work ahead of it); 0 is Smith's rule, and a large margin EDF."""
     end = start + sum(c for _, c, _ in jobs)
+    stretch = 1.0 + margin
     ready: list[tuple[float, float, int]] = []  # max-heap on (cost, deadline, position)
     i = len(jobs) - 1
     out: list[Request] = []
     while len(out) < len(jobs):
-        while i >= 0 and jobs[i][0] >= end:
+        while i >= 0 and jobs[i][0] >= start + stretch * (end - start):
             heapq.heappush(ready, (-jobs[i][1], -jobs[i][0], -i))  # ties: the later goes last
             i -= 1
         if ready:

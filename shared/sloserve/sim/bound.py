@@ -16,23 +16,37 @@ adds to any batch it is in, at their cheapest —
 
 iteration overhead, the LM head and all-reduce are left out (shared, >= 0).
 A request is *infeasible* if its floor-priced prefill alone exceeds its TTFT
-SLO or one floor-priced decode exceeds its TBT SLO. With N requests arriving at
-rate ``lam`` per instance, serving a set G well takes ``sum_G work`` GPU-seconds
-of the ``N / lam`` that the arrivals span (work conservation, long-run, noise of
-mean 1); G must hold ``target x N`` feasible requests, cheapest first. So
+SLO or one floor-priced decode exceeds its TBT SLO. Serving a set G of at
+least ``target x N`` feasible requests well at rate ``lam`` means (work
+conservation, noise of mean 1):
 
-    capacity(goodput, target) <= instances x N / (sum of the ceil(target N) smallest floors)
+* every request of G ends by ``a + ttft + (output - 1) x tbt`` (its TTFT, then a
+  mean TBT within its SLO), so all of G's work fits on the GPUs between the first
+  arrival and the latest such end in G;
+* every prompt of G is prefilled by ``a + ttft``, so by the latest such deadline
+  ``T`` in G the GPUs have done all of G's prefill work, and the decode work of
+  every request of G whose last token is due by ``T``, since the first arrival.
 
-and 0 if fewer than ``target x N`` requests are feasible. It is a relaxation:
-it ignores queueing, burstiness, KV capacity and the TBT constraint on batching,
-so it is an *upper bound*, not an achievable schedule (docs/beyond.md).
+Arrivals scale as ``1 / lam`` (the generators draw gaps of mean ``1 / qps``), and
+each condition only gets harder as ``lam`` grows; for each, the highest ``lam``
+at which *some* G meets it is found by bisection (a sweep over G's latest end,
+the cheapest requests first). The capacity is the lower of the two, and 0 if
+fewer than ``target x N`` requests are feasible. It is a relaxation: it ignores
+queueing, burstiness within the run, KV capacity and the TBT constraint on
+batching, so it is an *upper bound*, not an achievable schedule
+(docs/beyond.md). The first version charged the work against the arrivals'
+span ``N / lam`` alone; a finite run keeps serving after its last arrival, and
+on 400-request runs policies beat that figure by up to 19 %.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
+
+import numpy as np
 
 from sloserve.perf.ground_truth import SEQUENCE_OVERHEAD, ProfileTiming
 from sloserve.request import Request
@@ -59,33 +73,109 @@ def work_floor(req: Request, timing: ProfileTiming, per_token: float) -> tuple[f
 
 
 def goodput_bound(
-    requests: Sequence[Request], timing: ProfileTiming, *, instances: int = 1,
+    requests: Sequence[Request], timing: ProfileTiming, *, qps: float, instances: int = 1,
     target: float = 0.9, max_tokens: int = 8192,
 ) -> dict[str, Any]:
-    """The bound above for ``requests`` (their SLOs set): capacity in req/s and its parts."""
+    """The bound above for ``requests`` (their SLOs set) whose arrival times were drawn at
+    ``qps`` requests/s (the whole deployment's rate): capacity in req/s and its parts."""
     if not requests:
         raise ValueError("requests: need at least one")
     if instances < 1:
         raise ValueError(f"instances: must be >= 1, got {instances}")
     if not 0 < target <= 1:
         raise ValueError(f"target: must be in (0, 1], got {target}")
+    if not (qps > 0 and math.isfinite(qps)):
+        raise ValueError(f"qps: must be a positive rate, got {qps}")
     per_token = linear_floor(timing, max_tokens)
-    feasible: list[float] = []
+    first = min(r.arrival_time for r in requests)
+    rows: list[tuple[float, float, float, float, float]] = []  # unit arrival, 2 windows, 2 works
     for r in requests:
         total, prefill, one = work_floor(r, timing, per_token)
         if r.slo.ttft is not None and prefill > r.slo.ttft:
             continue
         if r.slo.tbt is not None and r.output_len > 1 and one > r.slo.tbt:
             continue
-        feasible.append(total)
+        ttft = math.inf if r.slo.ttft is None else r.slo.ttft
+        last = ttft + (0.0 if r.output_len <= 1 else
+                       math.inf if r.slo.tbt is None else (r.output_len - 1) * r.slo.tbt)
+        rows.append(((r.arrival_time - first) * qps, ttft, last, prefill, total))
     need = math.ceil(target * len(requests))
-    out: dict[str, Any] = {"requests": len(requests), "feasible": len(feasible),
+    out: dict[str, Any] = {"requests": len(requests), "feasible": len(rows),
                            "target": target, "instances": instances,
                            "linear_s_per_token": per_token}
-    if len(feasible) < need:
+    if len(rows) < need:
         out.update(capacity_qps=0.0, mean_work_s=None)
         return out
-    work = sorted(feasible)[:need]
-    out.update(capacity_qps=instances * len(requests) / sum(work),
-               mean_work_s=sum(work) / need)
+    cols = [np.array(col) for col in zip(*rows, strict=True)]
+    unit, first_w, last_w, prefill_w, total_w = cols
+    decode_w = total_w - prefill_w
+
+    def by_first(rate: float) -> bool:
+        return _fits_by_first(unit, first_w, last_w, prefill_w, decode_w, need, instances, rate)
+
+    def by_last(rate: float) -> bool:
+        return _fits_by_last(unit, last_w, total_w, need, instances, rate)
+
+    spread = bool(unit.max() > 0.0)
+    cap_first, cap_last = _capacity(by_first, spread), _capacity(by_last, spread)
+    work = sorted(x[4] for x in rows)[:need]
+    out.update(capacity_qps=min(cap_first, cap_last), capacity_by_ttft_qps=cap_first,
+               capacity_by_end_qps=cap_last, mean_work_s=sum(work) / need)
     return out
+
+
+def _fits_by_last(unit: np.ndarray, window: np.ndarray, work: np.ndarray, need: int,
+                  instances: int, rate: float) -> bool:
+    """Whether ``need`` requests' whole ``work`` fits on ``instances`` GPUs between the first
+    arrival and the latest of their ends ``unit / rate + window`` (a sweep over that end,
+    the cheapest requests first)."""
+    end = unit / rate + window
+    heap: list[float] = []  # max-heap (negated) of the ``need`` cheapest so far
+    total = 0.0
+    for k in np.argsort(end, kind="stable"):
+        w = float(work[k])
+        if len(heap) < need:
+            heapq.heappush(heap, -w)
+            total += w
+        elif w < -heap[0]:
+            total += w + heapq.heapreplace(heap, -w)
+        if len(heap) == need and total <= instances * end[k]:
+            return True
+    return False
+
+
+def _fits_by_first(unit: np.ndarray, first_w: np.ndarray, last_w: np.ndarray,
+                   prefill: np.ndarray, decode: np.ndarray, need: int, instances: int,
+                   rate: float) -> bool:
+    """Whether ``need`` requests fit by the latest of their TTFT deadlines ``T``: by then
+    every one of their prompts is prefilled, and every one whose last token is due by
+    ``T`` has decoded too (a sweep over ``T``, the cheapest requests at each ``T``)."""
+    arrive = unit / rate
+    deadline, end = arrive + first_w, arrive + last_w
+    order = np.argsort(deadline, kind="stable")
+    for k in range(need - 1, len(order)):
+        t = deadline[order[k]]
+        if k + 1 < len(order) and deadline[order[k + 1]] == t:
+            continue  # the sweep's step holds every request due at ``t``
+        seen = order[:k + 1]
+        cost = prefill[seen] + np.where(end[seen] <= t, decode[seen], 0.0)
+        if np.partition(cost, need - 1)[:need].sum() <= instances * t:
+            return True
+    return False
+
+
+def _capacity(fits: Callable[[float], bool], spread: bool) -> float:
+    """The highest rate at which ``fits`` holds (it only gets harder as the rate grows:
+    arrivals scale as 1 / rate); ``inf`` if it holds even with every arrival at once, and
+    0 if it does not and the arrivals are all at once (no rate spreads them)."""
+    if fits(math.inf):
+        return math.inf
+    if not spread:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while fits(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
