@@ -23,14 +23,16 @@ conservation, noise of mean 1):
 * every request of G ends by ``a + ttft + (output - 1) x tbt`` (its TTFT, then a
   mean TBT within its SLO), so all of G's work fits on the GPUs between the first
   arrival and the latest such end in G;
-* every prompt of G is prefilled by ``a + ttft``, so by the latest such deadline
-  ``T`` in G the GPUs have done all of G's prefill work, and the decode work of
-  every request of G whose last token is due by ``T``, since the first arrival.
+* every prompt of G is prefilled by ``a + ttft``, so G's prefill work fits between
+  the first arrival and the latest such deadline in G.
 
 Arrivals scale as ``1 / lam`` (the generators draw gaps of mean ``1 / qps``), and
-each condition only gets harder as ``lam`` grows; for each, the highest ``lam``
-at which *some* G meets it is found by bisection (a sweep over G's latest end,
-the cheapest requests first). The capacity is the lower of the two, and 0 if
+for a fixed G each condition's work is fixed and its window only shrinks as ``lam``
+grows, so each holds up to some rate and not above; the highest ``lam`` at which
+*some* G meets it is found by bisection (a sweep over G's latest end, the cheapest
+requests first). (Charging also the decodes due before the TTFT window closes
+would be tighter, but which ones are due then depends on ``lam`` both ways, and the
+search would no longer be exact.) The capacity is the lower of the two, and 0 if
 fewer than ``target x N`` requests are feasible. It is a relaxation: it ignores
 queueing, burstiness within the run, KV capacity and the TBT constraint on
 batching, so it is an *upper bound*, not an achievable schedule
@@ -43,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -106,68 +108,46 @@ def goodput_bound(
     if len(rows) < need:
         out.update(capacity_qps=0.0, mean_work_s=None)
         return out
-    cols = [np.array(col) for col in zip(*rows, strict=True)]
-    unit, first_w, last_w, prefill_w, total_w = cols
-    decode_w = total_w - prefill_w
-
-    def by_first(rate: float) -> bool:
-        return _fits_by_first(unit, first_w, last_w, prefill_w, decode_w, need, instances, rate)
-
-    def by_last(rate: float) -> bool:
-        return _fits_by_last(unit, last_w, total_w, need, instances, rate)
-
+    unit, first_w, last_w, prefill_w, total_w = (np.array(c) for c in zip(*rows, strict=True))
     spread = bool(unit.max() > 0.0)
-    cap_first, cap_last = _capacity(by_first, spread), _capacity(by_last, spread)
+    cap_first = _capacity(unit, first_w, prefill_w, need, instances, spread)
+    cap_last = _capacity(unit, last_w, total_w, need, instances, spread)
     work = sorted(x[4] for x in rows)[:need]
     out.update(capacity_qps=min(cap_first, cap_last), capacity_by_ttft_qps=cap_first,
                capacity_by_end_qps=cap_last, mean_work_s=sum(work) / need)
     return out
 
 
-def _fits_by_last(unit: np.ndarray, window: np.ndarray, work: np.ndarray, need: int,
-                  instances: int, rate: float) -> bool:
-    """Whether ``need`` requests' whole ``work`` fits on ``instances`` GPUs between the first
-    arrival and the latest of their ends ``unit / rate + window`` (a sweep over that end,
-    the cheapest requests first)."""
+def _fits(unit: np.ndarray, window: np.ndarray, work: np.ndarray, need: int,
+          instances: int, rate: float) -> bool:
+    """Whether some ``need`` requests' ``work`` fits on ``instances`` GPUs between the first
+    arrival and the latest of their ends ``unit / rate + window``: a sweep over which
+    request ends last, each with the ``need - 1`` cheapest that end no later. For a fixed
+    set the work is fixed and its end only comes earlier as the rate grows, so this
+    holds up to some rate and not above."""
     end = unit / rate + window
-    heap: list[float] = []  # max-heap (negated) of the ``need`` cheapest so far
-    total = 0.0
+    heap: list[float] = []  # max-heap (negated) of the ``need - 1`` cheapest so far
+    total = 0.0  # their sum
     for k in np.argsort(end, kind="stable"):
         w = float(work[k])
-        if len(heap) < need:
+        if len(heap) == need - 1 and total + w <= instances * end[k]:
+            return True
+        if len(heap) < need - 1:
             heapq.heappush(heap, -w)
             total += w
-        elif w < -heap[0]:
+        elif heap and w < -heap[0]:
             total += w + heapq.heapreplace(heap, -w)
-        if len(heap) == need and total <= instances * end[k]:
-            return True
     return False
 
 
-def _fits_by_first(unit: np.ndarray, first_w: np.ndarray, last_w: np.ndarray,
-                   prefill: np.ndarray, decode: np.ndarray, need: int, instances: int,
-                   rate: float) -> bool:
-    """Whether ``need`` requests fit by the latest of their TTFT deadlines ``T``: by then
-    every one of their prompts is prefilled, and every one whose last token is due by
-    ``T`` has decoded too (a sweep over ``T``, the cheapest requests at each ``T``)."""
-    arrive = unit / rate
-    deadline, end = arrive + first_w, arrive + last_w
-    order = np.argsort(deadline, kind="stable")
-    for k in range(need - 1, len(order)):
-        t = deadline[order[k]]
-        if k + 1 < len(order) and deadline[order[k + 1]] == t:
-            continue  # the sweep's step holds every request due at ``t``
-        seen = order[:k + 1]
-        cost = prefill[seen] + np.where(end[seen] <= t, decode[seen], 0.0)
-        if np.partition(cost, need - 1)[:need].sum() <= instances * t:
-            return True
-    return False
+def _capacity(unit: np.ndarray, window: np.ndarray, work: np.ndarray, need: int,
+              instances: int, spread: bool) -> float:
+    """The highest rate at which ``_fits`` holds (bisection; reported from above, so it
+    stays a bound); ``inf`` if it holds even with every arrival at once, and 0 if it does
+    not and the arrivals are all at once (no rate spreads them)."""
+    def fits(rate: float) -> bool:
+        return _fits(unit, window, work, need, instances, rate)
 
-
-def _capacity(fits: Callable[[float], bool], spread: bool) -> float:
-    """The highest rate at which ``fits`` holds (it only gets harder as the rate grows:
-    arrivals scale as 1 / rate); ``inf`` if it holds even with every arrival at once, and
-    0 if it does not and the arrivals are all at once (no rate spreads them)."""
     if fits(math.inf):
         return math.inf
     if not spread:
@@ -178,4 +158,4 @@ def _capacity(fits: Callable[[float], bool], spread: bool) -> float:
     while hi - lo > 1e-6 * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
+    return hi
