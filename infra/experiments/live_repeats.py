@@ -86,8 +86,13 @@ def cells_of(dep: str, capacity: float, rows: list[dict[str, Any]], predictor: s
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "run":
-        run(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 4)
+    args = sys.argv[1:]
+    if not (args[:1] == ["table"] and len(args) == 1 or args[:1] == ["run"]
+            and 3 <= len(args) <= 4 and args[1] in DEPLOYMENTS):
+        raise SystemExit(f"usage: live_repeats.py run DEP LOAD [K] | table "
+                         f"(DEP one of {', '.join(DEPLOYMENTS)}); got {args}")
+    if args[0] == "run":
+        run(args[1], float(args[2]), int(args[3]) if len(args) > 3 else 4)
     else:
         for dep, t in table().items():
             for load, row in t["loads"].items():

@@ -440,6 +440,12 @@ def run_ends(order: list[tuple[float, float, str]], start: float) -> list[float]
     return ends
 
 
+def smith_jobs(raw: list[tuple[float, float]]) -> list[tuple[float, float, Request]]:
+    """``(deadline, cost)`` pairs as one-machine jobs in deadline order."""
+    return sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
+                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+
+
 jobs_st = st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 1.0)), min_size=1, max_size=8)
 
 
@@ -447,8 +453,7 @@ jobs_st = st.lists(st.tuples(st.floats(0.0, 5.0), st.floats(0.01, 1.0)), min_siz
 @given(jobs_st)
 def test_smith_order_keeps_every_deadline_edf_keeps_and_never_costs_more(
         raw: list[tuple[float, float]]) -> None:
-    jobs = sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
-                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+    jobs = smith_jobs(raw)
     order = smith_order(jobs, 0.0)  # type: ignore[arg-type]
     assert sorted(r.request_id for r in order) == sorted(j[2].request_id for j in jobs)
     by_id = {j[2].request_id: j for j in jobs}
@@ -463,11 +468,6 @@ def test_smith_order_keeps_every_deadline_edf_keeps_and_never_costs_more(
                    if all(e <= d for e, (d, _, _) in zip(run_ends(list(p), 0.0), p,
                                                           strict=True)))
         assert sum(smith_ends) <= best + 1e-9
-
-
-def smith_jobs(raw: list[tuple[float, float]]) -> list[tuple[float, float, Request]]:
-    return sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
-                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
 
 
 @settings(max_examples=300, deadline=None)
@@ -512,8 +512,7 @@ def test_smith_margin_keeps_a_long_prompt_from_its_deadline_edge(
 @settings(max_examples=300, deadline=None)
 @given(jobs_st)
 def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]]) -> None:
-    jobs = sorted(((d, c, Request(f"r{k}", 0.0, 1, 1, SLO(ttft=1.0)))
-                   for k, (d, c) in enumerate(raw)), key=lambda j: j[0])
+    jobs = smith_jobs(raw)
     kept, late = moore_hodgson(jobs, 0.0)  # type: ignore[arg-type]
     assert len(kept) + len(late) == len(jobs)
     assert all(e <= d + 1e-9 for e, (d, _, _) in zip(run_ends(kept, 0.0), kept, strict=True))
