@@ -123,6 +123,28 @@ def at_tail_capacity(rows: list[dict[str, Any]], results: list[dict[str, Any]]) 
     return "\n".join(lines)
 
 
+def long_run_table(rows: list[dict[str, Any]], results: list[dict[str, Any]]) -> str:
+    """Uniform cells against the long-run bound (``sim.bound.long_run_capacity``): the goodput
+    bar (1.2 x the best seed), whether it is above that bound (then out of reach for any
+    scheduler on a steady stream), and the policies whose goodput capacity on this finite run
+    is above it (served partly in the drain after the last arrival)."""
+    lines = ["| cell | long-run bound | goodput bar | bar above it | capacities above it |",
+             "|" + "---|" * 5]
+    for row in rows:
+        long_run = row["bound"].get("capacity_long_run_qps")
+        g = row["goodput"]
+        if row.get("goodput_fixed") or long_run is None or not g["best_seed"]:
+            continue
+        bar = 1.2 * g["best_seed"]
+        over = ", ".join(
+            f"{SHORT.get(r['policy'], r['policy'])} {fmt(r['capacity']['goodput'])}"
+            for r in results if r["cell"] == row["cell"] and r["capacity"]["goodput"]
+            and r["capacity"]["goodput"] > long_run)
+        lines.append(f"| {row['cell']} | {fmt(long_run)} | {fmt(bar)} "
+                     f"| {'yes' if bar > long_run else 'no'} | {over or '–'} |")
+    return "\n".join(lines)
+
+
 def fixed_table(rows: list[dict[str, Any]]) -> str:
     lines = ["| cell | req/s per instance | slack | best seed | ratio | oracle | slack dropped "
              "| every seed |", "|" + "---|" * 8]
@@ -171,6 +193,9 @@ def main(argv: list[str] | None = None) -> None:
     print(table(rows))
     print("\nours at its tail capacity:\n")
     print(at_tail_capacity(rows, results))
+    if any("capacity_long_run_qps" in r["bound"] for r in rows):
+        print("\nthe long-run bound (uniform cells):\n")
+        print(long_run_table(rows, results))
     if any(r.get("goodput_fixed") for r in rows):
         print("\ngoodput share at fixed rates (heterogeneous cells):\n")
         print(fixed_table(rows))

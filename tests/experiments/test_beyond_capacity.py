@@ -103,3 +103,15 @@ def test_slacks_knob_flags_reach_ours_only_and_bad_ones_are_refused_by_name(
                                                   "'slack'")):
         with pytest.raises(SystemExit, match=words):
             bc.main(["--out", str(tmp_path / "x.json"), *bad])
+
+
+def test_the_report_flags_a_bar_and_capacities_above_the_long_run_bound() -> None:
+    rep = load("beyond_report")
+    rows = [{"cell": c, "bound": {"capacity_long_run_qps": 13.78}, "goodput": {"best_seed": b}}
+            for c, b in (("arxiv/x3/tbt0.5", 12.0), ("arxiv/x3/tbt0.1", 9.0))]
+    caps = (("arxiv/x3/tbt0.5", "slack", 13.9), ("arxiv/x3/tbt0.5", "vllm", 12.0),
+            ("arxiv/x3/tbt0.1", "slack", 11.0), ("arxiv/x3/tbt0.1", "vllm", None))
+    results = [{"cell": c, "policy": p, "capacity": {"goodput": g}} for c, p, g in caps]
+    text = rep.long_run_table(rows, results)
+    assert "| arxiv/x3/tbt0.5 | 13.78 | 14.40 | yes | slack 13.90 |" in text
+    assert "| arxiv/x3/tbt0.1 | 13.78 | 10.80 | no | – |" in text

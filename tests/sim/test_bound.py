@@ -29,8 +29,10 @@ def test_a_long_run_bound_approaches_requests_over_the_cheapest_target_share_of_
     rates = []
     for n in (100, 1000, 5000):
         rs = reqs(n - 1, gap=1.0) + reqs(1, prompt=6000, gap=1.0)  # the long one left out
-        rates.append(goodput_bound(rs, FLOOR, qps=1.0)["capacity_qps"]
-                     / (n / (math.ceil(0.9 * n) * w)))
+        b = goodput_bound(rs, FLOOR, qps=1.0)
+        long_run = n / (math.ceil(0.9 * n) * w)
+        assert b["capacity_long_run_qps"] == pytest.approx(long_run, rel=1e-9)
+        rates.append(b["capacity_qps"] / long_run)
     assert rates[0] > rates[1] > rates[2] >= 1.0
     assert rates[2] < 1.02
 
