@@ -367,13 +367,58 @@ def deferred_decode_then_prompt(tbt: float, **knobs: object) -> Instance:
 ])
 def test_a_deferred_decode_sits_out_on_time_prefill_unless_its_next_token_is_due(
         tbt: float, late_yield: bool, runs: bool) -> None:
-    i = deferred_decode_then_prompt(tbt, late_yield=late_yield)
+    i = deferred_decode_then_prompt(tbt, late_yield=late_yield, late_bound="off")
     plan, _, _ = i.schedule(0.05)
     assert chunk_of(plan, "p") == 400
     assert any(it.request_id == "late" for it in plan.items) is runs
     i.complete(plan, 0.14)
     plan, _, _ = i.schedule(0.14)  # no on-time prefill left: the deferred decode runs
     assert {it.request_id for it in plan.items} == {"p", "late"}
+
+
+@pytest.mark.parametrize("late_bound,ttft,chunked", [
+    # 0.8 x the deferred decode's 0.1 s slack: ~349 tokens per 80 ms iteration; "p"
+    # (400 tokens, 90 ms whole) still ends its two chunks by 0.05 + 0.2 s: chunked
+    ("always", 0.2, True),
+    ("idle", 0.2, True),  # no on-time decode sets the budget: the same
+    # due at 0.15 s, "p" makes it only whole (two chunks end at ~0.21 s): whole
+    ("always", 0.1, False),
+    ("off", 0.2, False),  # the deferred decode never narrows the budget
+])
+def test_a_deferred_decode_narrows_the_budget_unless_the_on_time_prompt_then_misses(
+        late_bound: str, ttft: float, chunked: bool) -> None:
+    # late_chunk 300: had "p" been given up, the background lane would take 300 of it;
+    # stall_share 0: no stall rule to take it whole either
+    i = inst(late="defer", late_bound=late_bound, late_chunk=300, stall_share=0.0)
+    i.add_request(req("late", 100, ttft=0.001, tbt=0.1), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    i.complete(plan, 0.05)
+    i.add_request(req("p", 400, arrival=0.05, ttft=ttft), 0.05)
+    plan, _, _ = i.schedule(0.05)
+    assert plan.dropped == [] and {it.request_id for it in plan.items} == {"p", "late"}
+    n = chunk_of(plan, "p")
+
+    def t(k: int) -> float:
+        return PERF.predict(BatchShape(prefills=((k, 0),), decodes=(101,)))
+    if chunked:  # the most the deferred decode's TBT slack allows
+        assert t(n) <= 0.8 * 0.1 < t(n + 1), n
+    else:
+        assert n == 400
+
+
+def test_idle_late_bound_leaves_a_budget_that_on_time_decodes_set() -> None:
+    # an on-time decode "d" (TBT 0.5 s: a 0.4 s budget) beside the deferred one (0.1 s)
+    for late_bound, narrowed in (("idle", False), ("always", True)):
+        i = inst(late="defer", late_bound=late_bound)
+        i.add_request(req("late", 100, ttft=0.001, tbt=0.1), 0.0)
+        i.add_request(req("d", 100, tbt=0.5), 0.0)
+        plan, _, _ = i.schedule(0.0)
+        i.complete(plan, 0.05)
+        i.add_request(req("p", 3000, arrival=0.05, ttft=2.0), 0.05)
+        plan, _, _ = i.schedule(0.05)
+        took = PERF.predict(BatchShape(prefills=((chunk_of(plan, "p"), 0),),
+                                       decodes=(101, 101)))
+        assert (took <= 0.08) is narrowed and took <= 0.4
 
 
 def decoding_for(iterations: int, *young: str, ttft: float = 0.35, **knobs: object
@@ -526,10 +571,10 @@ def test_moore_hodgson_keeps_the_most_jobs_on_time(raw: list[tuple[float, float]
 @pytest.mark.parametrize("in_budget", [False, True])
 def test_a_deferred_decode_sets_the_budget_only_with_late_in_budget(in_budget: bool) -> None:
     # "late" never could make its TTFT: deferred, prefilled in the background, now decoding
-    # with a 0.1 s TBT SLO. By default an on-time prompt then gets the whole budget, as with
-    # no decode; with late_in_budget the deferred decode's next-token deadline sets it, as an
-    # on-time decode's would (it missed its TTFT, not its TBT).
-    i = inst(late="defer", late_in_budget=in_budget)
+    # with a 0.1 s TBT SLO. With late_bound off an on-time prompt then gets the whole budget,
+    # as with no decode; with late_in_budget the deferred decode's next-token deadline sets
+    # it, as an on-time decode's would (it missed its TTFT, not its TBT).
+    i = inst(late="defer", late_in_budget=in_budget, late_bound="off")
     i.add_request(req("late", 100, ttft=0.001), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert chunk_of(plan, "late") == 100

@@ -9,10 +9,12 @@ Each iteration, for one instance:
    from the perf model): a decode's slack is its next-token deadline (last
    token + its TBT SLO) minus now. The prefill tokens allowed are the most
    ``N`` whose batch — the decodes plus one prefill chunk of ``N`` — the perf
-   model predicts to take at most ``tbt_margin`` x the smallest slack. Only
-   on-time decodes set it: a deferred request (4, below) has missed its SLO and
-   still gets a token every iteration, but its gaps do not shrink the budget of
-   requests that can still make theirs. With no
+   model predicts to take at most ``tbt_margin`` x the smallest slack. On-time
+   decodes set it. When none does, the deferred ones (4, below) do, unless at
+   that budget the first on-time prompt could no longer make its TTFT
+   (``late_bound``): a deferred request has missed its TTFT, but its gaps count
+   in the pooled P99 TBT (Sarathi-Serve §5.1), and a whole 6,000-token prompt
+   would stretch them to 0.5-0.75 s. With no
    decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
    prompts go in at once, as vLLM's prefill-first schedule does; the budget
    never falls below ``min_prefill_tokens`` so a prompt always progresses.
@@ -76,9 +78,10 @@ Each iteration, for one instance:
    ~2 points less goodput share near capacity on ShareGPT, docs/beyond.md),
    ``drop`` drops every one (refuses even requests an idle GPU could serve
    late), ``serve`` gives up nothing (3b, 3c off).
-   A request keeps its KV once admitted. Deferred decodes do not set the TBT budget
-   (2) unless ``late_in_budget``: with it and a wide lane (64) ``tail`` passes on
-   AccelGen's mix where the default fails, at half the goodput under overload.
+   A request keeps its KV once admitted. Deferred decodes set the TBT budget (2)
+   only where no on-time decode does and no on-time prompt loses its TTFT by it
+   (``late_bound``); with ``late_in_budget`` they always set it, at half the
+   goodput under overload.
 
 Prefix caching: the prompt work a request still needs is read through
 ``prompt_work`` (its uncomputed tokens today; the instance's prefix lookup
@@ -92,7 +95,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
 
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.policies.base import (
@@ -102,8 +104,9 @@ from sloserve.policies.base import (
     PolicyConfig,
     add_decodes,
     can_admit,
-    knob,
 )
+from sloserve.policies.slack_config import SlackConfig
+from sloserve.policies.slack_lane import BackgroundLane, narrows
 from sloserve.policies.slack_rules import (
     doomed,
     moore_hodgson,
@@ -116,65 +119,10 @@ from sloserve.policies.slack_rules import (
 from sloserve.request import Request, RequestStatus
 from sloserve.slo import next_token_deadline
 
+__all__ = ["LATE_REASON", "SHED_REASON", "SlackConfig", "SlackPolicy"]
+
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
 LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
-LATE_MODES = ("triage", "defer", "drop", "serve")
-ORDERS = ("smith", "edf", "latest-start")
-
-
-@dataclass(frozen=True, slots=True)
-class SlackConfig(PolicyConfig):
-    """The slack policy's knobs."""
-
-    max_num_batched_tokens: int = knob(
-        8192, "slack: tokens per iteration when no decode is tight (vLLM's cap)", min=1)
-    tbt_margin: float = knob(
-        0.8, "slack: share of the tightest TBT slack one iteration may take (perf-model error)",
-        min=0.05, max=1.0)
-    min_prefill_tokens: int = knob(
-        32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
-    late: str = knob(
-        "triage", "slack: what happens to a waiting request that can no longer meet its "
-        "TTFT, or that Moore-Hodgson gives up: 'triage' drops it if the load made it late "
-        "(given up for others, or late while others wait) and defers it otherwise; "
-        "'defer' serves every such request from a background queue (shortest prompt "
-        "first) with what on-time work leaves; 'drop' ends every one with a reason; "
-        "'serve' gives up nothing", choices=LATE_MODES)
-    order: str = knob(
-        "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
-        "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
-        "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
-    smith_margin: float = knob(
-        1.0, "slack: Smith's rule lets a prompt go last only if it still meets its TTFT "
-        "with the predicted work up to its end stretched by 1 + this, so a long prompt is "
-        "not pushed to the edge of its deadline (0: Smith's rule; large: EDF)", min=0.0)
-    late_chunk: int = knob(
-        512, "slack: most prompt tokens the deferred requests prefill per iteration, all "
-        "together, so an on-time arrival never waits behind a long background iteration",
-        min=1)
-    late_max_running: int = knob(
-        16, "slack: most deferred requests running at once (prefill or decode), so background "
-        "work cannot crowd out on-time requests", min=1)
-    late_yield: bool = knob(
-        True, "slack: deferred decodes sit out an iteration that carries on-time prefill "
-        "work (their KV stays), unless their next token is due before the next iteration "
-        "could serve it (docs/beyond.md, the background lane)")
-    late_in_budget: bool = knob(
-        False, "slack: deferred requests' decodes set the TBT budget too (they missed their "
-        "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
-        "TBT P99 and passes `tail` on AccelGen's mix, at a cost in goodput under load "
-        "(docs/beyond.md, the background lane)")
-    stall_share: float = knob(
-        0.002, "slack: when the first queued prompt would miss its TTFT in chunks of the "
-        "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "
-        "meets its SLO after that long iteration, and if the decode gaps it stretches past "
-        "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
-        "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
-    shed_window: int = knob(
-        64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
-        "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
-
-
 class SlackPolicy(Policy):
     name = "slack"
     config_cls = SlackConfig
@@ -185,9 +133,7 @@ class SlackPolicy(Policy):
         self._heap: list[tuple[float, int, Request]] = []
         self._queued: dict[str, float] = {}  # request id -> its key in the heap
         self._start_by: dict[str, float] = {}  # request id -> latest start (while queued)
-        self._late_heap: list[tuple[int, int, Request]] = []  # (prompt work, seq, req)
-        self._late: set[str] = set()  # ids of deferred requests still waiting
-        self._late_running: dict[str, Request] = {}  # deferred requests admitted, not done
+        self._lane = BackgroundLane()  # the deferred requests
         self._pending: list[Request] = []
         self._seq = itertools.count()
         self._gaps = 0  # decode tokens planned on this instance (the gaps they close)
@@ -234,8 +180,7 @@ class SlackPolicy(Policy):
         self._unqueue(req)
         mode = self.config.late
         if mode == "defer" or (mode == "triage" and (never or not contended)):
-            self._late.add(req.request_id)
-            heapq.heappush(self._late_heap, (prompt_work(req), next(self._seq), req))
+            self._lane.defer(req)
         else:
             b.drop(req, SHED_REASON if hopeless else LATE_REASON)
 
@@ -245,17 +190,12 @@ class SlackPolicy(Policy):
             if req.request_id not in self._queued and req.status is RequestStatus.WAITING:
                 self._push(req, view)
         self._pending.clear()
-        if len(self._queued) + len(self._late) == len(view.waiting):
+        if len(self._queued) + self._lane.num_waiting == len(view.waiting):
             return
-        keys, starts, late = self._queued, self._start_by, self._late
-        self._queued, self._start_by, self._late = {}, {}, set()
-        self._heap, self._late_heap = [], []
-        for req in view.waiting:
+        keys, starts = self._queued, self._start_by
+        self._queued, self._start_by, self._heap = {}, {}, []
+        for req in self._lane.rebuild(view.waiting):
             rid = req.request_id
-            if rid in late and not req.num_generated:
-                self._late.add(rid)
-                self._late_heap.append((prompt_work(req), next(self._seq), req))
-                continue
             key, start_by = keys.get(rid), starts.get(rid)
             if key is None or start_by is None or req.num_computed or req.num_generated:
                 start_by = self.latest_start(req, view)
@@ -264,7 +204,6 @@ class SlackPolicy(Policy):
             self._start_by[rid] = start_by
             self._heap.append((key, next(self._seq), req))
         heapq.heapify(self._heap)
-        heapq.heapify(self._late_heap)
 
     def _window(self, b: BatchBuilder, view: InstanceView, ongoing: int, limit: float,
                 allowance: int) -> list[Request]:
@@ -337,53 +276,28 @@ class SlackPolicy(Policy):
         self._stretched += stretched
         return max(limit, took), work
 
-    def _yielding(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],
-                  head: Request, limit: float) -> tuple[list[Request], list[Request]]:
-        """The decodes that run with on-time prefill work, and the deferred ones that sit
-        it out: a deferred decode runs only if its next token is due before the next
-        iteration could give it, ``now`` + 2 x this iteration's predicted time (the on-time
-        decodes and ``head``'s chunk at the budget). On AccelGen's mix an on-time prompt's
-        TTFT SLO is 1-1.5x its prefill alone, so any work beside it can break it."""
-        cfg = self.config
-        allowance = max(cfg.min_prefill_tokens, prefill_allowance(
-            view, budgeted, limit, cfg.max_num_batched_tokens, head.num_computed))
-        took = view.perf_model.predict(BatchShape(
-            prefills=((min(allowance, prompt_work(head)), head.num_computed),),
-            decodes=tuple(r.num_computed for r in budgeted)))
-        horizon = view.now + 2 * took
-        run, sit = list(budgeted), list[Request]()
-        for r in decodes:
-            if r.request_id in self._late_running:
-                due = next_token_deadline(r)
-                (run if due is not None and due < horizon else sit).append(r)
-        return run, sit
-
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         self._sync(view)
         decodes = [r for r in view.running if r.is_decode]
-        prefills = [r for r in view.running if r.in_prefill]
-        late_prefills: list[Request] = []
-        if self._late_running:
-            running = RequestStatus.RUNNING
-            late_ids = self._late_running = {
-                rid: r for rid, r in self._late_running.items() if r.status is running}
-            late_prefills = [r for r in prefills if r.request_id in late_ids]
-            prefills = [r for r in prefills if r.request_id not in late_ids]
+        lane = self._lane
+        prefills, late_prefills = lane.split([r for r in view.running if r.in_prefill])
         head = (prefills[0] if prefills else self._heap[0][2] if self._heap
-                else late_prefills[0] if late_prefills
-                else self._late_heap[0][2] if self._late_heap else None)
+                else late_prefills[0] if late_prefills else lane.first_waiting)
         cap = cfg.max_num_batched_tokens
         # the budget protects the TBT of on-time requests; a deferred one has missed its SLO
         # (unless late_in_budget: it missed its TTFT, not its TBT)
         budgeted = decodes
-        if self._late_running and not cfg.late_in_budget:
-            budgeted = [r for r in decodes if r.request_id not in self._late_running]
+        if lane.running and not cfg.late_in_budget:
+            budgeted = [r for r in decodes if r.request_id not in lane.running]
         limit = tbt_limit(view, budgeted, cfg.tbt_margin)
+        if head is not None and len(budgeted) < len(decodes) and narrows(cfg, limit):
+            limit = lane.narrow(view, cfg, decodes, head, limit,
+                                lambda r: self.latest_start(r, view))
         sitting: list[Request] = []
         if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
                 prefills or self._heap):
-            decodes, sitting = self._yielding(view, decodes, budgeted, head, limit)
+            decodes, sitting = lane.yielding(view, cfg, decodes, budgeted, head, limit)
         allowance = 0
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
@@ -440,27 +354,6 @@ class SlackPolicy(Policy):
             add_decodes(b, sitting)
             sitting = []
         self._gaps += len(decodes)
-        if full or sitting or not (late_prefills or self._late_heap):
-            return b.build()
-        # background: deferred requests get only what on-time work left this iteration,
-        # late_chunk prompt tokens at most, all together
-        left = cfg.late_chunk
-        for req in late_prefills:
-            if not b.removed(req) and (chunk := min(b.max_chunk(req), left)):
-                b.add(req, chunk)
-                left -= chunk
-        while self._late_heap and len(self._late_running) < cfg.late_max_running and left:
-            req = self._late_heap[0][2]
-            if req.request_id not in self._late or req.status is not RequestStatus.WAITING:
-                heapq.heappop(self._late_heap)
-                self._late.discard(req.request_id)
-                continue
-            chunk = min(b.max_chunk(req), left)
-            if chunk == 0 or not can_admit(b, req, chunk):
-                break
-            heapq.heappop(self._late_heap)
-            self._late.discard(req.request_id)
-            self._late_running[req.request_id] = req
-            b.add(req, chunk)
-            left -= chunk
+        if not (full or sitting) and (late_prefills or lane.queued):
+            lane.admit(b, cfg, late_prefills)  # what on-time work left of the iteration
         return b.build()

@@ -1,0 +1,70 @@
+"""``slack``'s knobs (``SlackConfig``): what each one does and why its default is what it
+is are in docs/beyond.md, "Our policy" (knob defaults)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sloserve.policies.base import PolicyConfig, knob
+
+LATE_MODES = ("triage", "defer", "drop", "serve")
+ORDERS = ("smith", "edf", "latest-start")
+LATE_BOUNDS = ("idle", "always", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class SlackConfig(PolicyConfig):
+    """The slack policy's knobs."""
+
+    max_num_batched_tokens: int = knob(
+        8192, "slack: tokens per iteration when no decode is tight (vLLM's cap)", min=1)
+    tbt_margin: float = knob(
+        0.8, "slack: share of the tightest TBT slack one iteration may take (perf-model error)",
+        min=0.05, max=1.0)
+    min_prefill_tokens: int = knob(
+        32, "slack: prefill tokens an iteration may always take, so prompts never starve", min=0)
+    late: str = knob(
+        "triage", "slack: what happens to a waiting request that can no longer meet its "
+        "TTFT, or that Moore-Hodgson gives up: 'triage' drops it if the load made it late "
+        "(given up for others, or late while others wait) and defers it otherwise; "
+        "'defer' serves every such request from a background queue (shortest prompt "
+        "first) with what on-time work leaves; 'drop' ends every one with a reason; "
+        "'serve' gives up nothing", choices=LATE_MODES)
+    order: str = knob(
+        "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
+        "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
+        "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
+    smith_margin: float = knob(
+        1.0, "slack: Smith's rule lets a prompt go last only if it still meets its TTFT "
+        "with the predicted work up to its end stretched by 1 + this, so a long prompt is "
+        "not pushed to the edge of its deadline (0: Smith's rule; large: EDF)", min=0.0)
+    late_chunk: int = knob(
+        512, "slack: most prompt tokens the deferred requests prefill per iteration, all "
+        "together, so an on-time arrival never waits behind a long background iteration",
+        min=1)
+    late_max_running: int = knob(
+        32, "slack: most deferred requests running at once (prefill or decode), so background "
+        "work cannot crowd out on-time requests", min=1)
+    late_yield: bool = knob(
+        True, "slack: deferred decodes sit out an iteration that carries on-time prefill "
+        "work (their KV stays), unless their next token is due before the next iteration "
+        "could serve it (docs/beyond.md, the background lane)")
+    late_in_budget: bool = knob(
+        False, "slack: deferred requests' decodes set the TBT budget too (they missed their "
+        "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
+        "TBT P99 and passes `tail` on AccelGen's mix, at a cost in goodput under load "
+        "(docs/beyond.md, the background lane)")
+    late_bound: str = knob(
+        "idle", "slack: deferred decodes narrow the TBT budget too, unless the first "
+        "on-time prompt would then miss its TTFT: 'idle' only when no on-time decode sets "
+        "it (else a whole prompt stretches their gaps), 'always' also beside on-time "
+        "decodes, 'off' never (docs/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
+    stall_share: float = knob(
+        0.002, "slack: when the first queued prompt would miss its TTFT in chunks of the "
+        "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "
+        "meets its SLO after that long iteration, and if the decode gaps it stretches past "
+        "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
+        "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
+    shed_window: int = knob(
+        64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
+        "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
