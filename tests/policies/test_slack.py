@@ -21,7 +21,7 @@ from sloserve.policies.slack import (
     SlackConfig,
     SlackPolicy,
 )
-from sloserve.policies.slack_rules import moore_hodgson, smith_order
+from sloserve.policies.slack_rules import moore_hodgson, smith_order, tile_aligned
 from sloserve.request import SLO, Request
 
 PERF = LinearPerfModel()  # 10 ms + 0.2 ms per token + 0.1 us per context token
@@ -65,7 +65,7 @@ def test_no_decode_prefills_whole_prompts_like_vllm() -> None:
 
 def test_budget_fits_the_tightest_tbt_slack() -> None:
     for age in (0.0, 0.04):
-        i = with_decode(0.1, age)
+        i = with_decode(0.1, age, tile=0)  # the exact fit, not cut to whole tiles
         i.add_request(req("p", 3000, arrival=0.9), 0.9)
         plan, _, _ = i.schedule(1.0)
         n = chunk_of(plan, "p")
@@ -74,6 +74,40 @@ def test_budget_fits_the_tightest_tbt_slack() -> None:
             return PERF.predict(BatchShape(prefills=((k, 0),), decodes=(100,)))
         assert t(n) <= limit < t(n + 1), (age, n)
         assert chunk_of(plan, "d") == 1  # the decode is never stalled
+
+
+def test_a_tbt_bounded_iteration_ends_on_a_whole_tile() -> None:
+    # 0.08 s fits the decode and ~349 prompt tokens; cut to 255 so that the iteration is
+    # 256 tokens: two whole tiles of 128 (Sarathi-Serve §4.3)
+    i = with_decode(0.1, 0.0)
+    i.add_request(req("p", 3000, arrival=0.9, ttft=10.0), 0.9)
+    plan, _, _ = i.schedule(1.0)
+    n = chunk_of(plan, "p")
+    assert (n + 1) % 128 == 0 and PERF.predict(
+        BatchShape(prefills=((n + 128, 0),), decodes=(100,))) > 0.8 * 0.1, n
+
+
+def test_iterations_are_priced_at_their_predicted_time_not_the_limit() -> None:
+    # "p" (3,000 tokens, 0.9 s left) needs 12 iterations of 255 tokens: 0.96 s if each took
+    # the 0.08 s limit, 0.73 s at their predicted 61 ms. Priced at the limit, Moore-Hodgson
+    # would give it up.
+    i = with_decode(0.1, 0.0, late="drop")
+    i.add_request(req("p", 3000, arrival=0.9, ttft=1.0), 0.9)
+    plan, _, _ = i.schedule(1.0)
+    assert plan.dropped == [] and chunk_of(plan, "p") == 255
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 9000), st.integers(0, 300), st.sampled_from([0, 64, 128]))
+def test_tile_aligned_cuts_to_the_last_whole_tile_and_never_below_one(
+        allowance: int, decodes: int, tile: int) -> None:
+    got = tile_aligned(allowance, decodes, tile)
+    assert got <= allowance
+    if tile == 0 or decodes + allowance <= tile:
+        assert got == allowance
+    else:
+        assert got >= min(allowance, tile) and got > allowance - tile
+        assert (decodes + got) % tile == 0 or got == min(allowance, tile)
 
 
 def test_a_decode_without_tbt_slo_does_not_limit_the_budget() -> None:
@@ -335,7 +369,7 @@ def test_at_most_late_max_running_deferred_requests_run_at_once() -> None:
 
 
 def test_deferred_prefills_take_at_most_late_chunk_tokens_per_iteration_all_together() -> None:
-    i = inst(late="defer", late_chunk=300)
+    i = inst(late="defer", late_chunk=300, tile=0)
     i.add_request(req("late0", 200, ttft=0.001), 0.0)
     i.add_request(req("late1", 1000, ttft=0.001), 0.0)
     i.add_request(req("late2", 1001, ttft=0.001), 0.0)
@@ -389,7 +423,7 @@ def test_a_deferred_decode_narrows_the_budget_unless_the_on_time_prompt_then_mis
         late_bound: str, ttft: float, chunked: bool) -> None:
     # late_chunk 300: had "p" been given up, the background lane would take 300 of it;
     # stall_share 0: no stall rule to take it whole either
-    i = inst(late="defer", late_bound=late_bound, late_chunk=300, stall_share=0.0)
+    i = inst(late="defer", late_bound=late_bound, late_chunk=300, stall_share=0.0, tile=0)
     i.add_request(req("late", 100, ttft=0.001, tbt=0.1), 0.0)
     plan, _, _ = i.schedule(0.0)
     i.complete(plan, 0.05)
@@ -574,7 +608,7 @@ def test_a_deferred_decode_sets_the_budget_only_with_late_in_budget(in_budget: b
     # with a 0.1 s TBT SLO. With late_bound off an on-time prompt then gets the whole budget,
     # as with no decode; with late_in_budget the deferred decode's next-token deadline sets
     # it, as an on-time decode's would (it missed its TTFT, not its TBT).
-    i = inst(late="defer", late_in_budget=in_budget, late_bound="off")
+    i = inst(late="defer", late_in_budget=in_budget, late_bound="off", tile=0)
     i.add_request(req("late", 100, ttft=0.001), 0.0)
     plan, _, _ = i.schedule(0.0)
     assert chunk_of(plan, "late") == 100

@@ -18,6 +18,10 @@ Each iteration, for one instance:
    decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
    prompts go in at once, as vLLM's prefill-first schedule does; the budget
    never falls below ``min_prefill_tokens`` so a prompt always progresses.
+   **Whole tiles** (``tile``, Sarathi-Serve §4.3's tile quantization): a
+   TBT-bounded iteration is cut to the last multiple of 128 tokens, since a GEMM
+   one token past a tile costs a tile more; the plans of 3 then price an
+   iteration of this budget at its predicted time, not at the limit.
    **A stall that saves a request** (``stall_share``): when the first queued
    prompt would miss its TTFT in chunks of this budget but makes it whole, it goes
    in whole if every on-time decode's *mean* TBT (what goodput judges) still meets
@@ -115,6 +119,7 @@ from sloserve.policies.slack_rules import (
     prompt_work,
     smith_order,
     tbt_limit,
+    tile_aligned,
 )
 from sloserve.request import Request, RequestStatus
 from sloserve.slo import next_token_deadline
@@ -205,7 +210,7 @@ class SlackPolicy(Policy):
             self._heap.append((key, next(self._seq), req))
         heapq.heapify(self._heap)
 
-    def _window(self, b: BatchBuilder, view: InstanceView, ongoing: int, limit: float,
+    def _window(self, b: BatchBuilder, view: InstanceView, ongoing: int, step: float,
                 allowance: int) -> list[Request]:
         """The first ``shed_window`` queued requests, in the order to admit them: requests
         that already have tokens first, then the fresh ones Moore-Hodgson keeps (the rest,
@@ -227,7 +232,7 @@ class SlackPolicy(Policy):
                 fresh.append(req)
         if not fresh:
             return first
-        cost = prefill_cost(view, limit, allowance)
+        cost = prefill_cost(view, step, allowance)
         start = view.now + (cost(ongoing) if ongoing else 0.0)
         jobs = [(d, cost(prompt_work(r)), r) for r in fresh if (d := r.ttft_deadline) is not None]
         if cfg.order == "smith":
@@ -298,12 +303,20 @@ class SlackPolicy(Policy):
         if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
                 prefills or self._heap):
             decodes, sitting = lane.yielding(view, cfg, decodes, budgeted, head, limit)
-        allowance = 0
+        allowance, step = 0, limit
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
                 view, decodes, limit, cap, head.num_computed))
-            if cfg.stall_share and not prefills and limit != math.inf:
-                limit, allowance = self._stall(view, decodes, budgeted, head, limit, allowance)
+            if limit != math.inf:  # a TBT-bounded iteration: whole tiles
+                allowance = tile_aligned(allowance, len(decodes), cfg.tile)
+                if cfg.stall_share and not prefills:
+                    limit, allowance = self._stall(
+                        view, decodes, budgeted, head, limit, allowance)
+                # the TTFT plans below price an iteration of this budget at its predicted
+                # time, at most the limit (whole tiles make it shorter than the limit)
+                step = min(limit, view.perf_model.predict(BatchShape(
+                    prefills=((allowance, head.num_computed),),
+                    decodes=tuple(r.num_computed for r in decodes))))
         b = BatchBuilder(view, len(decodes) + allowance, cfg.max_num_seqs)
         add_decodes(b, decodes)
         after_decodes = b.tokens_used
@@ -315,10 +328,10 @@ class SlackPolicy(Policy):
         full = False
         if cfg.shed_window and self._heap:
             ongoing = sum(prompt_work(r) for r in prefills)
-            for req in self._window(b, view, ongoing, limit, allowance):
+            for req in self._window(b, view, ongoing, step, allowance):
                 start_by = self._start_by[req.request_id]
                 if give_up and not req.num_generated and doomed(
-                        req, start_by, view, limit, allowance, dec):
+                        req, start_by, view, step, allowance, dec):
                     self._give_up(b, req, hopeless=True)
                     continue
                 chunk = b.max_chunk(req)
@@ -334,7 +347,7 @@ class SlackPolicy(Policy):
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
                 continue  # stale: admitted, dropped, deferred or re-keyed since it was pushed
             if give_up and req.num_generated == 0 and doomed(
-                    req, self._start_by[req.request_id], view, limit, allowance, dec):
+                    req, self._start_by[req.request_id], view, step, allowance, dec):
                 self._give_up(b, req, hopeless=True)
                 continue
             chunk = b.max_chunk(req)

@@ -65,6 +65,10 @@ class SlackConfig(PolicyConfig):
         "meets its SLO after that long iteration, and if the decode gaps it stretches past "
         "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
         "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
+    tile: int = knob(
+        128, "slack: a TBT-bounded iteration's tokens (decodes and prefill chunks) are "
+        "rounded down to a multiple of this, since a GEMM one token past a tile costs a "
+        "whole tile more (tile quantization, Sarathi-Serve §4.3); 0: off", min=0)
     shed_window: int = knob(
         64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
         "look at (0: only give up requests that cannot make it alone; plain order)", min=0)

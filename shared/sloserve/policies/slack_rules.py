@@ -50,6 +50,17 @@ def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
     return lo
 
 
+def tile_aligned(allowance: int, num_decodes: int, tile: int) -> int:
+    """``allowance`` prefill tokens cut so that the iteration's tokens, ``num_decodes`` +
+    the prefill, end on a multiple of ``tile`` (Sarathi-Serve §4.3, tile quantization: a
+    chunk of 257 tokens can take 32 % longer than one of 256). Never below one tile's worth
+    of prefill or ``allowance`` itself, whichever is smaller; ``tile`` 0 leaves it as is."""
+    if tile <= 0 or num_decodes + allowance <= tile:
+        return allowance
+    whole = (num_decodes + allowance) // tile * tile - num_decodes
+    return max(whole, min(allowance, tile))
+
+
 def smith_order(jobs: list[tuple[float, float, Request]], start: float,
                 margin: float = 0.0) -> list[Request]:
     """Smith's backward rule (1956) for the least total completion time subject to deadlines
@@ -85,8 +96,8 @@ def doomed(req: Request, start_by: float, view: InstanceView, limit: float,
            allowance: int, dec: tuple[int, ...]) -> bool:
     """Whether ``req`` can no longer meet its TTFT: its latest start ``start_by`` has
     passed, or its prompt needs more iterations of this budget than it has time left —
-    the last one as predicted beside the decodes ``dec``, each earlier one up to
-    ``limit`` s."""
+    the last one as predicted beside the decodes ``dec``, each earlier one ``limit`` s
+    (the policy passes an iteration's predicted time, at most its TBT limit)."""
     if start_by < view.now:
         return True
     deadline = req.ttft_deadline
@@ -100,7 +111,7 @@ def doomed(req: Request, start_by: float, view: InstanceView, limit: float,
 
 def prefill_cost(view: InstanceView, limit: float, allowance: int) -> Callable[[int], float]:
     """Predicted seconds to prefill ``tokens`` at this iteration's budget: alone on the
-    GPU with no TBT limit, else ``limit`` per ``allowance`` tokens."""
+    GPU with no TBT limit, else ``limit`` (an iteration's seconds) per ``allowance`` tokens."""
     if limit == math.inf:
         predict = view.perf_model.predict
 
