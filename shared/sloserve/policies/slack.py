@@ -298,7 +298,7 @@ class SlackPolicy(Policy):
         limit = tbt_limit(view, budgeted, cfg.tbt_margin)
         if head is not None and len(budgeted) < len(decodes) and narrows(cfg, limit):
             limit = lane.narrow(view, cfg, decodes, head, limit,
-                                lambda r: self.latest_start(r, view))
+                                self.latest_start(head, view))
         sitting: list[Request] = []
         if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
                 prefills or self._heap):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from sloserve.batch import BatchShape
 from sloserve.policies.base import BatchBuilder, InstanceView, can_admit
@@ -102,12 +102,11 @@ class BackgroundLane:
         return run, sit
 
     def narrow(self, view: InstanceView, cfg: SlackConfig, decodes: list[Request],
-               head: Request, limit: float, latest_start: Callable[[Request], float]
-               ) -> float:
+               head: Request, limit: float, start_by: float) -> float:
         """``limit`` narrowed to ``tbt_margin`` x the deferred decodes' smallest TBT slack
         (``late_bound``), unless at that budget ``head``, an on-time prompt, could no
-        longer make its TTFT (its latest start by ``latest_start``): a TTFT that can still
-        be met outranks a gap of a request that missed its own."""
+        longer make its TTFT (``start_by``: its latest start): a TTFT that can still be
+        met outranks a gap of a request that missed its own."""
         late = [r for r in decodes if r.request_id in self.running]
         narrow = min(limit, tbt_limit(view, late, cfg.tbt_margin))
         if narrow >= limit:
@@ -118,7 +117,7 @@ class BackgroundLane:
         allowance = max(cfg.min_prefill_tokens, prefill_allowance(
             view, decodes, narrow, cap, head.num_computed))
         dec = tuple(r.num_computed for r in decodes)
-        if allowance >= cap or doomed(head, latest_start(head), view, narrow, allowance, dec):
+        if allowance >= cap or doomed(head, start_by, view, narrow, allowance, dec):
             return limit  # the narrower budget does not bind, or it costs a TTFT
         return narrow
 
