@@ -1,97 +1,33 @@
-"""``slack``: one policy from what the seed papers each use alone (docs/beyond.md, "Our policy").
+"""``slack``: one policy from what the seed papers each use alone (docs/beyond.md, "Our
+policy", has each rule with its paper section, its knob and what was measured).
 
 Each iteration, for one instance:
 
-1. **Stall-free decodes** (Sarathi-Serve §4.2): every running decode gets its
-   next token; KV exhaustion preempts by recompute as vLLM does (``add_decodes``).
-2. **Budget from the tightest TBT slack** (AccelGen §4.2 Eq. 6's idea, the
-   per-iteration budget that fits the tightest request, Ascendra §3.3's slack
-   from the perf model): a decode's slack is its next-token deadline (last
-   token + its TBT SLO) minus now. The prefill tokens allowed are the most
-   ``N`` whose batch — the decodes plus one prefill chunk of ``N`` — the perf
-   model predicts to take at most ``tbt_margin`` x the smallest slack. On-time
-   decodes set it. When none does, the deferred ones (4, below) do, unless at
-   that budget the first on-time prompt could no longer make its TTFT
-   (``late_bound``): a deferred request has missed its TTFT, but its gaps count
-   in the pooled P99 TBT (Sarathi-Serve §5.1), and a whole 6,000-token prompt
-   would stretch them to 0.5-0.75 s. With no
-   decode holding a TBT SLO the budget is ``max_num_batched_tokens`` and whole
-   prompts go in at once, as vLLM's prefill-first schedule does; the budget
-   never falls below ``min_prefill_tokens`` so a prompt always progresses.
-   **Whole tiles** (``tile``, Sarathi-Serve §4.3's tile quantization): a
-   TBT-bounded iteration is cut to the last multiple of 128 tokens, since a GEMM
-   one token past a tile costs a tile more; the plans of 3 then price an
-   iteration of this budget at its predicted time, not at the limit.
-   **A stall that saves a request** (``stall_share``): when the first queued
-   prompt would miss its TTFT in chunks of this budget but makes it whole, it goes
-   in whole if every on-time decode's *mean* TBT (what goodput judges) still meets
-   its SLO after that one long iteration and the decode gaps stalls stretched past
-   their SLO stay within ``stall_share`` of all gaps (the pooled P99 TBT criterion,
-   Sarathi-Serve §5.1, allows 1 %): vLLM's prefill-first stall, taken only where it
-   saves a request.
-3. **Which prompts, in which order** — "prioritise shorter requests for
-   throughput while ensuring longer ones are processed in time" (Ascendra §2,
-   Fig. 2; its §5.2/§8.4 EDF-vs-SJF ablation), made exact on the one-machine
-   model of prefill (each prompt a job of its predicted prefill time at this
-   budget, due at its TTFT deadline):
+1. **Stall-free decodes** (Sarathi-Serve §4.2): every running decode gets its next token;
+   KV exhaustion preempts by recompute, as vLLM does.
+2. **A token budget from the tightest TBT slack** (AccelGen §4.2 Eq. 6's idea; Ascendra
+   §3.3's slack from the perf model): the most prefill tokens whose batch is predicted to
+   take at most ``tbt_margin`` x the smallest next-token slack of the on-time decodes (the
+   deferred ones', ``late_bound``, where none), cut to whole tiles (Sarathi-Serve §4.3);
+   no TBT-bound decode: whole prompts, as vLLM. **A stall that saves a request**
+   (``slack_stall``): a prompt that misses its TTFT in chunks but makes it whole goes in
+   whole, as vLLM's prefill-first schedule would, as often as the P99 TBT allows.
+3. **Which prompts, in which order** (Ascendra §2 and §5.2: short first, long ones in
+   time), exact on a one-machine model of prefill: waiting requests sit in a heap on their
+   next-token deadline (EDF, Ascendra §3.3); a request whose latest start has passed, or
+   whose prompt needs more iterations than its TTFT leaves, is ``doomed``; over the first
+   ``shed_window`` requests **Moore-Hodgson** (1968) keeps the most on time and **Smith's
+   backward rule** (1956, with ``smith_margin``) orders them short first wherever every
+   kept deadline allows. Ongoing prefills and preempted requests go first.
+4. **Requests given up** (``late``, default ``triage``; Ascendra §6.3 drops under
+   overload): one the load made late is dropped with a reason; one that never could make
+   its TTFT, or missed it only by waiting for the running iteration alone in the queue, is
+   deferred to the background lane (``slack_lane``), served with what on-time work leaves.
 
-   a. waiting requests sit in a heap keyed by their next-token deadline (EDF,
-      Ascendra §3.3 / §5.2; the TTFT deadline for a fresh request). The heap
-      is kept across iterations and rebuilt (heapify) only when the waiting
-      queue changed behind the policy's back (preemption, cancellation, offload);
-   b. a request whose *latest start* (deadline - predicted prefill alone) has
-      passed, or whose prompt needs more iterations of this budget than its
-      TTFT leaves, can no longer make it (``doomed``);
-   c. **the most on time** — Moore-Hodgson (Moore, Mgmt. Sci. 1968; optimal for
-      the fewest late jobs on one machine) over the first ``shed_window``
-      requests in deadline order: whenever the running sum of prefill times
-      passes a deadline, the longest prompt so far is given up. Goodput counts
-      requests, so under a burst one long prompt goes instead of several short ones;
-   d. **short first among those with slack** — the kept set is admitted in the
-      order of Smith's backward rule (Smith, Nav. Res. Log. Q. 1956; optimal for
-      the least total completion time subject to every deadline): from the end,
-      the longest prompt whose deadline allows it to end last goes last. So a
-      short prompt goes ahead of a long one whenever the long one still meets
-      its deadline after it, and an urgent long one goes first. This is what
-      lowers the median scheduling delay (the ``tail`` criterion) and mean TTFT
-      against plain EDF or the previous latest-start order (docs/beyond.md),
-      without losing a request that EDF would have kept. Smith's rule plans a
-      long prompt to end just at its deadline, so any optimism of the prediction
-      makes it late: a prompt may go last only if it would still end in time
-      with the predicted work ahead of it doubled (``smith_margin`` 1.0);
-   e. ongoing prefills continue first; a preempted request (already has tokens)
-      goes before the fresh ones in the window.
-4. **Requests given up** (``late``). ``triage`` (default): a request that
-   the load made late — Moore-Hodgson gave it up for others, or its latest
-   start passed while other on-time requests wait — is *dropped* with a
-   reason, Ascendra §6.3's drop under overload: serving it late would take GPU
-   time from requests that can still make it. One that never could make its
-   TTFT (its prefill alone is predicted to outlast its TTFT SLO, as for about
-   half of AccelGen's heterogeneous mix), or that missed only by waiting for
-   the running iteration with nobody else queued, is *deferred*. Deferred
-   requests wait in a background queue, shortest remaining prompt first
-   (SPT: the least mean wait among them), and are admitted only when no
-   on-time request is held back, with the budget on-time work leaves,
-   ``late_chunk`` prompt tokens per iteration for all of them together, and at
-   most ``late_max_running`` at once: at low load they are served at once,
-   under overload they cannot crowd out on-time work. A deferred decode sits
-   out an iteration that carries on-time prefill work unless its next token is
-   due before the next iteration could give it (``late_yield``): on AccelGen's
-   mix an on-time prompt's TTFT SLO is 1-1.5x its prefill alone, so any work
-   beside it can break it. ``defer`` defers every given-up request (nothing refused;
-   ~2 points less goodput share near capacity on ShareGPT, docs/beyond.md),
-   ``drop`` drops every one (refuses even requests an idle GPU could serve
-   late), ``serve`` gives up nothing (3b, 3c off).
-   A request keeps its KV once admitted. Deferred decodes set the TBT budget (2)
-   only where no on-time decode does and no on-time prompt loses its TTFT by it
-   (``late_bound``); with ``late_in_budget`` they always set it, at half the
-   goodput under overload.
+Prefix caching: a request's prompt work is read through ``prompt_work`` (the instance's
+prefix lookup already counts cached tokens as computed).
 
-Prefix caching: the prompt work a request still needs is read through
-``prompt_work`` (its uncomputed tokens today; the instance's prefix lookup
-already counts cached tokens as computed).
-
-Config: ``SlackConfig``.
+Config: ``SlackConfig`` (``slack_config``); the rules as functions: ``slack_rules``.
 """
 
 from __future__ import annotations
@@ -121,6 +57,7 @@ from sloserve.policies.slack_rules import (
     tbt_limit,
     tile_aligned,
 )
+from sloserve.policies.slack_stall import StallRule
 from sloserve.request import Request, RequestStatus
 from sloserve.slo import next_token_deadline
 
@@ -128,6 +65,8 @@ __all__ = ["LATE_REASON", "SHED_REASON", "SlackConfig", "SlackPolicy"]
 
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
 LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
+
+
 class SlackPolicy(Policy):
     name = "slack"
     config_cls = SlackConfig
@@ -141,8 +80,7 @@ class SlackPolicy(Policy):
         self._lane = BackgroundLane()  # the deferred requests
         self._pending: list[Request] = []
         self._seq = itertools.count()
-        self._gaps = 0  # decode tokens planned on this instance (the gaps they close)
-        self._stretched = 0  # of them, planned in a stall past their own TBT SLO
+        self._stalls = StallRule()  # the decode gaps planned, and those stalls stretched
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._pending.append(req)
@@ -245,42 +183,6 @@ class SlackPolicy(Policy):
             return first + smith_order(jobs, start, cfg.smith_margin)
         return first + [j[2] for j in jobs]
 
-    def _stall(self, view: InstanceView, decodes: list[Request], budgeted: list[Request],
-               head: Request, limit: float, allowance: int) -> tuple[float, int]:
-        """``(limit, allowance)`` for this iteration: as given, or widened to ``head``'s
-        whole prompt when chunks of ``allowance`` would miss its TTFT deadline, the whole
-        prompt beside ``decodes`` is predicted to make it, after that iteration every
-        on-time decode's *mean* TBT (first token to its next, over the gaps) is still within
-        ``tbt_margin`` of its SLO, and the gaps it stretches past their own TBT SLO keep
-        the instance's stretched gaps within ``stall_share`` of all its planned gaps (they
-        count once granted). Goodput judges the mean (docs/design.md), so a decode that
-        banked time can absorb a stall, as vLLM's prefill-first schedule makes it do; the
-        TBT-slack budget (rule 2 of the module docstring) guards every other gap."""
-        work, deadline = prompt_work(head), head.ttft_deadline
-        if (deadline is None or head.num_generated or work <= allowance
-                or work > self.config.max_num_batched_tokens
-                or self._queued.get(head.request_id) is None):
-            return limit, allowance
-        dec = tuple(r.num_computed for r in decodes)
-        if not doomed(head, self._start_by[head.request_id], view, limit, allowance, dec):
-            return limit, allowance  # its chunks make it: no stall needed
-        took = view.perf_model.predict(BatchShape(prefills=((work, head.num_computed),),
-                                                  decodes=dec))
-        now = view.now
-        if now + took > deadline:
-            return limit, allowance  # hopeless even whole
-        margin = self.config.tbt_margin
-        for r in budgeted:
-            tbt, tt = r.slo.tbt, r.token_times
-            if tbt is not None and tt and took > margin * (tt[0] + len(tt) * tbt - now):
-                return limit, allowance
-        stretched = sum(1 for r in decodes if r.slo.tbt is not None and r.token_times
-                        and now + took - r.token_times[-1] > r.slo.tbt)
-        if self._stretched + stretched > self.config.stall_share * (self._gaps + len(decodes)):
-            return limit, allowance
-        self._stretched += stretched
-        return max(limit, took), work
-
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         self._sync(view)
@@ -309,9 +211,10 @@ class SlackPolicy(Policy):
                 view, decodes, limit, cap, head.num_computed))
             if limit != math.inf:  # a TBT-bounded iteration: whole tiles
                 allowance = tile_aligned(allowance, len(decodes), cfg.tile)
-                if cfg.stall_share and not prefills:
-                    limit, allowance = self._stall(
-                        view, decodes, budgeted, head, limit, allowance)
+                if cfg.stall_share and not prefills and head.request_id in self._queued:
+                    limit, allowance = self._stalls.widen(
+                        view, cfg, decodes, budgeted, head, self._start_by[head.request_id],
+                        limit, allowance)
                 # the TTFT plans below price an iteration of this budget at its predicted
                 # time, at most the limit (whole tiles make it shorter than the limit)
                 step = min(limit, view.perf_model.predict(BatchShape(
@@ -366,7 +269,7 @@ class SlackPolicy(Policy):
                 cfg.min_prefill_tokens, prefill_allowance(view, decodes, limit, cap, bg)))
             add_decodes(b, sitting)
             sitting = []
-        self._gaps += len(decodes)
+        self._stalls.gaps += len(decodes)
         if not (full or sitting) and (late_prefills or lane.queued):
             lane.admit(b, cfg, late_prefills)  # what on-time work left of the iteration
         return b.build()
