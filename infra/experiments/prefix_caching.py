@@ -1,13 +1,14 @@
 """Issue 13 item 1: prefix caching on a multi-turn workload, and prefix-aware routing.
 
-Sarathi-Serve (llama-3-8b, simulated A100s) on the synthetic multi-turn chat
-workload (``--trace multiturn``: conversations resend their history, four
-shared system prompts). Part 1, one instance: capacity (goodput >= 90%) with and
-without prefix caching, and hit rate / TTFT P50 / P99 at the same arrival rate
-(the capacity without caching). Part 2, four instances with caching:
-prefix-aware routing vs round-robin, capacity and hit rate / TTFT at one rate.
+One policy (``--policy``, default Sarathi-Serve; llama-3-8b, simulated A100s) on
+the synthetic multi-turn chat workload (``--trace multiturn``: conversations
+resend their history, four shared system prompts). Part 1, one instance:
+capacity (goodput >= 90%) with and without prefix caching, and hit rate / TTFT
+P50 / P99 at the same arrival rate (the capacity without caching). Part 2, four
+instances with caching: prefix-aware routing vs round-robin, capacity and hit
+rate / TTFT at one rate.
 
-Usage: python infra/experiments/prefix_caching.py [--num-requests K] [--out FILE]
+Usage: python infra/experiments/prefix_caching.py [--policy P] [--num-requests K] [--out FILE]
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sloserve.defaults import TBT_SLO, TTFT_SLO
+from sloserve.policies import policy_names
 from sloserve.sim.capacity import find_capacity
 from sloserve.sim.config import SimConfig
 from sloserve.sim.simulator import simulate
@@ -41,12 +43,13 @@ def _capacity(cfg: SimConfig, qps_start: float) -> float:
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="sarathi", choices=policy_names())
     ap.add_argument("--num-requests", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="docs/results/prefix_caching.json")
     a = ap.parse_args(argv)
     t0 = time.perf_counter()
-    base = SimConfig(policy="sarathi", trace="multiturn", num_requests=a.num_requests,
+    base = SimConfig(policy=a.policy, trace="multiturn", num_requests=a.num_requests,
                      seed=a.seed, ttft_slo=TTFT_SLO, tbt_slo=TBT_SLO)
 
     single: dict[str, Any] = {}
@@ -74,7 +77,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
 
     result = {
         "setup": {
-            "policy": "sarathi", "model": base.model, "gpu": base.gpu,
+            "policy": a.policy, "model": base.model, "gpu": base.gpu,
             "workload": {"trace": "multiturn", **dataclasses.asdict(MultiTurnSpec())},
             "num_requests_per_instance": a.num_requests, "seed": a.seed,
             "ttft_slo_s": TTFT_SLO, "tbt_slo_s": TBT_SLO,

@@ -40,7 +40,8 @@ def plot(result: dict[str, Any], png: Path) -> None:
     axes[2].legend()
     for ax in axes:
         ax.tick_params(axis="x", labelrotation=20)
-    fig.suptitle("Prefix caching, multi-turn chats (sarathi, llama-3-8b, simulated A100s)")
+    policy = result["setup"]["policy"]
+    fig.suptitle(f"Prefix caching, multi-turn chats ({policy}, llama-3-8b, simulated A100s)")
     fig.tight_layout()
     fig.savefig(png, dpi=110)
 
