@@ -485,7 +485,9 @@ def decoding_for(iterations: int, *young: str, ttft: float = 0.35, **knobs: obje
 ])
 def test_a_prompt_that_makes_its_ttft_only_whole_stalls_decodes_that_banked_time(
         iterations: int, share: float, whole: bool) -> None:
-    i, t = decoding_for(iterations, stall_share=share)
+    # alone_tight 0: at 0.35 s its TTFT is tight (under 2 x 0.31 s alone), and beside the
+    # decode within 1.2 x: the rule for tight prompts would run it alone (tested below)
+    i, t = decoding_for(iterations, stall_share=share, alone_tight=0.0)
     plan, _, _ = i.schedule(t)
     if whole:
         assert chunk_of(plan, "p") == 1500 and chunk_of(plan, "d") == 1
@@ -506,6 +508,68 @@ def test_no_stall_when_chunks_make_the_ttft() -> None:
     i, t = decoding_for(600, ttft=5.0, stall_share=0.002)  # ample time in chunks
     plan, _, _ = i.schedule(t)
     assert 0 < chunk_of(plan, "p") < 1500
+
+
+def old_decodes_then(prompt: int, ttft: float, **knobs: object) -> tuple[Instance, float]:
+    """40 decodes (TBT SLO 0.1 s) that ran 600 10-ms iterations (time banked; 24,000 gaps
+    planned), then a prompt "p" of ``prompt`` tokens with TTFT SLO ``ttft`` arrives. On the
+    linear model each decode beside it adds 0.2 ms: 1,500 tokens take 0.310 s alone and
+    0.318 s beside the 40."""
+    i = inst(late="drop", **knobs)
+    for k in range(40):
+        i.add_request(req(f"d{k}", 100, output=5000, ttft=5.0), 0.0)
+    t = 0.0
+    for _ in range(600):
+        plan, _, _ = i.schedule(t)
+        t += 0.01
+        i.complete(plan, t)
+    i.add_request(req("p", prompt, arrival=t, ttft=ttft), t)
+    return i, t
+
+
+@pytest.mark.parametrize("prompt,ttft", [
+    (1500, 0.315),  # needs a stall: chunks miss, whole beside the decodes 0.318 s > 0.315
+    (200, 0.055),  # fits the budget: 0.058 s beside the decodes, 0.050 s alone
+])
+def test_a_tight_prompt_the_decodes_would_make_late_runs_alone(prompt: int, ttft: float
+                                                              ) -> None:
+    i, t = old_decodes_then(prompt, ttft)
+    plan, _, _ = i.schedule(t)
+    assert [(it.request_id, it.num_tokens) for it in plan.items] == [("p", prompt)]
+    assert plan.dropped == [] and plan.preempted == []  # the decodes only wait
+    t2 = t + PERF.predict(BatchShape(prefills=((prompt, 0),)))
+    assert t2 - t <= ttft
+    i.complete(plan, t2)
+    plan, _, _ = i.schedule(t2)
+    assert {it.request_id for it in plan.items} >= {f"d{k}" for k in range(40)}
+
+
+@pytest.mark.parametrize("knobs", [
+    {"alone_tight": 1.0},  # TTFT SLO 0.315 s >= 1.0 x 0.310 s alone: not tight
+    {"alone_tight": 0.0},  # the rule off
+    {"stall_share": 0.001},  # 40 stretched gaps would pass 0.1 % of 24,040
+])
+def test_no_prompt_alone_unless_tight_and_within_the_stall_bound(knobs: dict[str, object]
+                                                                 ) -> None:
+    i, t = old_decodes_then(1500, 0.315, **knobs)
+    plan, _, _ = i.schedule(t)
+    assert plan.dropped == ["p"]  # late="drop": beside the decodes it misses
+
+
+def test_a_tight_prompt_that_makes_it_beside_the_decodes_does_not_stall_them() -> None:
+    # tight (0.09 s < 2 x 0.050 s alone), and 1.2 x 0.058 s beside the decodes is in time
+    i, t = old_decodes_then(200, 0.09)
+    plan, _, _ = i.schedule(t)
+    assert chunk_of(plan, "p") == 200 and chunk_of(plan, "d0") == 1
+
+
+def test_the_gap_a_prompt_alone_stretches_includes_the_decodes_own_iteration() -> None:
+    # 400 tokens: 0.090 s alone, within the decodes' 0.1 s TBT SLO; but their tokens come
+    # only after their own iteration too (0.018 s): 40 gaps past their SLO, more than
+    # 0.1 % of 24,040 allows
+    i, t = old_decodes_then(400, 0.1, stall_share=0.001)
+    plan, _, _ = i.schedule(t)
+    assert plan.dropped == ["p"]
 
 
 # --- the two scheduling rules as functions ---------------------------------------------

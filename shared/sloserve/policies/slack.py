@@ -11,7 +11,9 @@ Each iteration, for one instance:
    deferred ones', ``late_bound``, where none), cut to whole tiles (Sarathi-Serve §4.3);
    no TBT-bound decode: whole prompts, as vLLM. **A stall that saves a request**
    (``slack_stall``): a prompt that misses its TTFT in chunks but makes it whole goes in
-   whole, as vLLM's prefill-first schedule would, as often as the P99 TBT allows.
+   whole, as vLLM's prefill-first schedule would, as often as the P99 TBT allows; a
+   *tight* one (TTFT SLO near its prefill alone) that the decodes beside it would make
+   late goes alone, the decodes waiting one iteration (vLLM's prefill-only iteration).
 3. **Which prompts, in which order** (Ascendra §2 and §5.2: short first, long ones in
    time), exact on a one-machine model of prefill: waiting requests sit in a heap on their
    next-token deadline (EDF, Ascendra §3.3); a request whose latest start has passed, or
@@ -212,9 +214,11 @@ class SlackPolicy(Policy):
             if limit != math.inf:  # a TBT-bounded iteration: whole tiles
                 allowance = tile_aligned(allowance, len(decodes), cfg.tile)
                 if cfg.stall_share and not prefills and head.request_id in self._queued:
-                    limit, allowance = self._stalls.widen(
+                    limit, allowance, alone = self._stalls.widen(
                         view, cfg, decodes, budgeted, head, self._start_by[head.request_id],
                         limit, allowance)
+                    if alone:  # a prefill-only iteration: the decodes wait for it
+                        decodes, sitting = [], sitting + decodes
                 # the TTFT plans below price an iteration of this budget at its predicted
                 # time, at most the limit (whole tiles make it shorter than the limit)
                 step = min(limit, view.perf_model.predict(BatchShape(

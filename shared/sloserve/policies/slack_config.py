@@ -65,6 +65,15 @@ class SlackConfig(PolicyConfig):
         "meets its SLO after that long iteration, and if the decode gaps it stretches past "
         "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
         "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
+    alone_tight: float = knob(
+        2.0, "slack: a prompt whose TTFT SLO is under this x its predicted prefill alone is "
+        "tight: when beside the decodes it would miss its TTFT or end within alone_margin of "
+        "it, it may run alone, the decodes waiting one iteration (a stall, under the same "
+        "bounds as stall_share's; vLLM's prefill-only iteration); 0: never", min=0.0)
+    alone_margin: float = knob(
+        0.2, "slack: a tight prompt (alone_tight) runs alone when beside the decodes its "
+        "predicted prefill, stretched by 1 + this, ends past its TTFT deadline (the perf "
+        "model under-predicts mixed batches)", min=0.0)
     tile: int = knob(
         128, "slack: a TBT-bounded iteration's tokens (decodes and prefill chunks) are "
         "rounded down to a multiple of this, since a GEMM one token past a tile costs a "
