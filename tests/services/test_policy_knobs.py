@@ -45,7 +45,7 @@ def non_default(policy: str) -> PolicyConfig:
     return cls(**{f.name: _other(cls, f.name, f.default) for f in fields(cls)})
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen"])
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen", "slack"])
 def test_simulate_flags_build_the_config_with_every_knob_changed(policy: str) -> None:
     from sloserve.services.sim_cmd import config_from_args
 
@@ -56,7 +56,7 @@ def test_simulate_flags_build_the_config_with_every_knob_changed(policy: str) ->
     assert config_from_args(args).policy_config == want
 
 
-@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen"])
+@pytest.mark.parametrize("policy", ["vllm", "sarathi", "ascendra", "accelgen", "slack"])
 def test_up_hands_every_scheduler_the_config_simulate_accepts(policy: str,
                                                               tmp_path: Path) -> None:
     want, spec = non_default(policy), get_spec(policy)
