@@ -207,7 +207,7 @@ class SlackPolicy(Policy):
         if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
                 prefills or self._heap):
             decodes, sitting = lane.yielding(view, cfg, decodes, budgeted, head, limit)
-        allowance, step = 0, limit
+        allowance, step, bound = 0, limit, limit  # bound: the TBT limit before any stall
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
                 view, decodes, limit, cap, head.num_computed))
@@ -270,7 +270,7 @@ class SlackPolicy(Policy):
             decodes = decodes + sitting  # after all: the deferred decodes run
             bg = late_prefills[0].num_computed if late_prefills else 0
             b.token_budget = max(b.tokens_used, len(decodes) + max(
-                cfg.min_prefill_tokens, prefill_allowance(view, decodes, limit, cap, bg)))
+                cfg.min_prefill_tokens, prefill_allowance(view, decodes, bound, cap, bg)))
             add_decodes(b, sitting)
             sitting = []
         self._stalls.gaps += len(decodes)
