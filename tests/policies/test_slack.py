@@ -21,7 +21,12 @@ from sloserve.policies.slack import (
     SlackConfig,
     SlackPolicy,
 )
-from sloserve.policies.slack_rules import moore_hodgson, smith_order, tile_aligned
+from sloserve.policies.slack_rules import (
+    first_token_room,
+    moore_hodgson,
+    smith_order,
+    tile_aligned,
+)
 from sloserve.request import SLO, Request
 
 PERF = LinearPerfModel()  # 10 ms + 0.2 ms per token + 0.1 us per context token
@@ -198,7 +203,9 @@ def test_deadline_order_keeps_what_the_latest_start_order_shed() -> None:
     # alone: 0.41 s per 2000-token prompt, 0.03 s for the short one. In latest-start
     # order (l1, l2, s) s would end at 0.85 s > its 0.84 s TTFT and a long prompt was
     # shed; in deadline order (s, l1, l2: Jackson's rule) all three end in time
-    i = inst(late="drop")
+    # (first_token_cap 0: with it, "l2" would be cut so that 1.2 x the iteration ends by
+    # "s"'s TTFT; tested below)
+    i = inst(late="drop", first_token_cap=0.0)
     for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000), 0.0)
     i.add_request(req("s", 100, ttft=0.84), 0.0)
@@ -268,7 +275,8 @@ def test_preempted_requests_are_queued_again() -> None:
                                          ("max_num_batched_tokens", 0),
                                          ("min_prefill_tokens", -1), ("late", "yes"),
                                          ("order", "sjf"), ("late_chunk", 0),
-                                         ("late_max_running", 0), ("shed_window", -1)])
+                                         ("late_max_running", 0), ("shed_window", -1),
+                                         ("first_token_cap", -0.5)])
 def test_bad_knob_names_its_field(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
         SlackConfig(**{field: value})  # type: ignore[arg-type]
@@ -570,6 +578,53 @@ def test_the_gap_a_prompt_alone_stretches_includes_the_decodes_own_iteration() -
     i, t = old_decodes_then(400, 0.1, stall_share=0.001)
     plan, _, _ = i.schedule(t)
     assert plan.dropped == ["p"]
+
+
+# --- the first token comes when its iteration ends --------------------------------------
+
+
+def urgent_then_loose(**knobs: object) -> Instance:
+    """No decode (whole prompts): "a" (1,000 tokens, TTFT 0.3 s: 0.21 s alone) and "b"
+    (3,000 tokens, TTFT 5 s) wait at t = 0. Both whole would take 0.81 s, and "a"'s first
+    token would come only then. "a" has no TBT SLO, so its decode leaves "b" a whole budget
+    next."""
+    i = inst(**knobs)
+    i.add_request(req("a", 1000, ttft=0.3, tbt=None), 0.0)
+    i.add_request(req("b", 3000, ttft=5.0), 0.0)
+    return i
+
+
+@pytest.mark.parametrize("cap", [1.2, 1.0])
+def test_work_after_a_completing_prompt_stops_where_its_first_token_would_be_late(
+        cap: float) -> None:
+    i = urgent_then_loose(first_token_cap=cap)
+    plan, _, _ = i.schedule(0.0)
+    assert chunk_of(plan, "a") == 1000
+    n = chunk_of(plan, "b")
+
+    def t(k: int) -> float:
+        return cap * PERF.predict(BatchShape(prefills=((1000, 0), (k, 0))))
+    assert t(n) <= 0.3 < t(n + 1), n  # the most of "b" that keeps "a"'s first token in time
+    end = PERF.predict(plan.shape())
+    i.complete(plan, end)
+    assert i.requests["a"].ttft is not None and i.requests["a"].ttft <= 0.3
+    plan, _, _ = i.schedule(end)
+    assert chunk_of(plan, "b") == 3000 - n  # the rest of "b" next
+
+
+def test_without_the_first_token_cap_the_iteration_takes_everything() -> None:
+    i = urgent_then_loose(first_token_cap=0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert chunk_of(plan, "b") == 3000  # and "a"'s first token at 0.81 s, past 0.3 s
+
+
+def test_a_prompt_late_anyway_does_not_cap_its_iteration() -> None:
+    i = inst()
+    view = i.view(0.0)
+    shape = BatchShape(prefills=((1000, 0),))  # 0.21 s
+    assert first_token_room(view, shape, 0.2, 1.2, 5000) is None
+    assert first_token_room(view, shape, 0.31, 1.2, 5000) == 241  # 1.2 x 0.2582 s <= 0.31
+    assert first_token_room(view, shape, 0.31, 1.2, 100) == 100  # at most what is left
 
 
 # --- the two scheduling rules as functions ---------------------------------------------

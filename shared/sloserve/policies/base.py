@@ -16,7 +16,7 @@ from functools import partial
 from itertools import repeat
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
-from sloserve.batch import BatchPlan, ScheduledItem
+from sloserve.batch import BatchPlan, BatchShape, ScheduledItem
 from sloserve.defaults import TBT_SLO, default_token_budget
 from sloserve.request import Request
 
@@ -171,6 +171,10 @@ class BatchBuilder:
     @property
     def num_seqs(self) -> int:
         return len(self._plan.items)
+
+    def shape(self) -> BatchShape:
+        """The batch so far, as a perf model sees it."""
+        return self._plan.shape()
 
     def contains(self, req: Request) -> bool:
         return req.request_id in self._in_batch

@@ -51,6 +51,7 @@ from sloserve.policies.slack_config import SlackConfig
 from sloserve.policies.slack_lane import BackgroundLane, narrows
 from sloserve.policies.slack_rules import (
     doomed,
+    first_token_room,
     moore_hodgson,
     prefill_allowance,
     prefill_cost,
@@ -185,6 +186,18 @@ class SlackPolicy(Policy):
             return first + smith_order(jobs, start, cfg.smith_margin)
         return first + [j[2] for j in jobs]
 
+    def _first_token(self, b: BatchBuilder, view: InstanceView, req: Request, chunk: int
+                     ) -> None:
+        """If this iteration completes ``req``'s prefill on time, its budget shrinks to what
+        keeps the iteration, predicted and stretched by ``first_token_cap``, within ``req``'s
+        TTFT deadline: the work after it would delay its first token."""
+        stretch, deadline = self.config.first_token_cap, req.ttft_deadline
+        if (stretch and deadline is not None and not req.num_generated
+                and chunk >= prompt_work(req)):
+            room = first_token_room(view, b.shape(), deadline, stretch, b.tokens_left)
+            if room is not None:
+                b.token_budget = b.tokens_used + room
+
     def schedule(self, view: InstanceView) -> BatchPlan:
         cfg = self.config
         self._sync(view)
@@ -230,6 +243,7 @@ class SlackPolicy(Policy):
         for req in prefills:  # ongoing prefills first, in arrival order
             if not b.removed(req) and (chunk := b.max_chunk(req)):
                 b.add(req, chunk)
+                self._first_token(b, view, req, chunk)
         give_up = cfg.late != "serve"
         dec = tuple(r.num_computed for r in decodes)
         full = False
@@ -247,6 +261,7 @@ class SlackPolicy(Policy):
                     break
                 self._unqueue(req)
                 b.add(req, chunk)
+                self._first_token(b, view, req, chunk)
         held: list[tuple[float, int, Request]] = []
         while self._heap and not full:
             entry = heapq.heappop(self._heap)
@@ -264,6 +279,7 @@ class SlackPolicy(Policy):
                 break
             self._unqueue(req)
             b.add(req, chunk)
+            self._first_token(b, view, req, chunk)
         for entry in held:
             heapq.heappush(self._heap, entry)
         if sitting and not full and b.tokens_used == after_decodes:  # no on-time prefill

@@ -74,6 +74,11 @@ class SlackConfig(PolicyConfig):
         0.2, "slack: a tight prompt (alone_tight) runs alone when beside the decodes its "
         "predicted prefill, stretched by 1 + this, ends past its TTFT deadline (the perf "
         "model under-predicts mixed batches)", min=0.0)
+    first_token_cap: float = knob(
+        1.2, "slack: a first token comes only when its iteration ends: once an iteration "
+        "completes an on-time prompt's prefill, it takes more prefill only while its "
+        "predicted time x this still ends by that prompt's TTFT deadline (1: the plain "
+        "prediction; 0: off)", min=0.0)
     tile: int = knob(
         128, "slack: a TBT-bounded iteration's tokens (decodes and prefill chunks) are "
         "rounded down to a multiple of this, since a GEMM one token past a tile costs a "

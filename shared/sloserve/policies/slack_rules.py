@@ -109,6 +109,27 @@ def doomed(req: Request, start_by: float, view: InstanceView, limit: float,
     return view.now + (math.ceil(work / allowance) - 1) * limit + last > deadline
 
 
+def first_token_room(view: InstanceView, shape: BatchShape, deadline: float, stretch: float,
+                     most: int) -> int | None:
+    """Prefill tokens (at most ``most``) an iteration of ``shape`` may still take once it
+    completes a prompt due at ``deadline``: a first token comes only when its iteration
+    ends, so the iteration with them, predicted and stretched by ``stretch``, must end by
+    then. ``None`` where ``shape`` alone is already predicted to end past the deadline (the
+    prompt is late anyway; nothing to protect)."""
+    predict = view.perf_model.predict
+    if view.now + predict(shape) > deadline:
+        return None
+    lo, hi = 0, most
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        more = BatchShape(prefills=(*shape.prefills, (mid, 0)), decodes=shape.decodes)
+        if view.now + stretch * predict(more) <= deadline:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def prefill_cost(view: InstanceView, limit: float, allowance: int) -> Callable[[int], float]:
     """Predicted seconds to prefill ``tokens`` at this iteration's budget: alone on the
     GPU with no TBT limit, else ``limit`` (an iteration's seconds) per ``allowance`` tokens."""
