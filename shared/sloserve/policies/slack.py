@@ -20,7 +20,10 @@ Each iteration, for one instance:
    whose prompt needs more iterations than its TTFT leaves, is ``doomed``; over the first
    ``shed_window`` requests **Moore-Hodgson** (1968) keeps the most on time and **Smith's
    backward rule** (1956, with ``smith_margin``) orders them short first wherever every
-   kept deadline allows. Ongoing prefills and preempted requests go first.
+   kept deadline allows. Ongoing prefills and preempted requests go first. **The first
+   token** (ours; a token comes when its iteration ends, Orca's iteration-level
+   scheduling): once the iteration completes an on-time prompt, more prefill goes in only
+   while ``first_token_cap`` x its predicted time still ends by that prompt's deadline.
 4. **Requests given up** (``late``, default ``triage``; Ascendra §6.3 drops under
    overload): one the load made late is dropped with a reason; one that never could make
    its TTFT, or missed it only by waiting for the running iteration alone in the queue, is
