@@ -9,6 +9,7 @@ client. Every key of one stack lives under its ``prefix`` (:class:`Keys`).
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 from dataclasses import dataclass
@@ -21,7 +22,36 @@ def redis_url(explicit: str | None = None) -> str | None:
     return explicit or os.environ.get("REDIS_URL") or None
 
 
+PORT_FLOOR = 20000  # free_port draws from here up to the OS's ephemeral range
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+
+def ephemeral_low() -> int:
+    """The lowest port the OS hands out on its own (Linux; 0 where it cannot be read)."""
+    try:
+        with open(EPHEMERAL_RANGE) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on ``host`` now, for a service about to bind it. Drawn at random below
+    the OS's ephemeral range where there is room (Linux: 20000 up to 32768), so no port
+    the OS hands out by itself — another process's bind to port 0 (a vLLM engine starting
+    beside our services does that), any outgoing connection's local end — can take it
+    between this check and the service's own bind. Else the OS's pick (port 0)."""
+    low = ephemeral_low()
+    if low > PORT_FLOOR + 1000:
+        rng = random.SystemRandom()
+        for _ in range(64):
+            port = rng.randrange(PORT_FLOOR, low)
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
