@@ -32,22 +32,31 @@ def tbt_limit(view: InstanceView, decodes: list[Request], margin: float) -> floa
     return slack * margin
 
 
-def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
-                      cap: int, ctx: int) -> int:
-    """The most prefill tokens ``N <= cap`` with predict(decodes + chunk N over ``ctx``)
-    <= ``limit`` (binary search; the prediction grows with N)."""
-    if limit == math.inf:
-        return cap
-    dec = tuple(r.num_computed for r in decodes)
+def most_prefill(view: InstanceView, base: BatchShape, ctx: int, most: int,
+                 fits: Callable[[float], bool]) -> int:
+    """The most prefill tokens ``N <= most`` whose batch — ``base`` plus one chunk of ``N``
+    over ``ctx`` cached tokens — has a predicted time that ``fits`` (binary search; the
+    prediction grows with N)."""
     predict = view.perf_model.predict
-    lo, hi = 0, cap
+    lo, hi = 0, most
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        if predict(BatchShape(prefills=((mid, ctx),), decodes=dec)) <= limit:
+        if fits(predict(BatchShape(prefills=(*base.prefills, (mid, ctx)),
+                                   decodes=base.decodes))):
             lo = mid
         else:
             hi = mid - 1
     return lo
+
+
+def prefill_allowance(view: InstanceView, decodes: list[Request], limit: float,
+                      cap: int, ctx: int) -> int:
+    """The most prefill tokens ``N <= cap`` with predict(decodes + chunk N over ``ctx``)
+    <= ``limit``."""
+    if limit == math.inf:
+        return cap
+    base = BatchShape(decodes=tuple(r.num_computed for r in decodes))
+    return most_prefill(view, base, ctx, cap, lambda t: t <= limit)
 
 
 def tile_aligned(allowance: int, num_decodes: int, tile: int) -> int:
@@ -116,18 +125,10 @@ def first_token_room(view: InstanceView, shape: BatchShape, deadline: float, str
     ends, so the iteration with them, predicted and stretched by ``stretch``, must end by
     then. ``None`` where ``shape`` alone is already predicted to end past the deadline (the
     prompt is late anyway; nothing to protect)."""
-    predict = view.perf_model.predict
-    if view.now + predict(shape) > deadline:
+    now = view.now
+    if now + view.perf_model.predict(shape) > deadline:
         return None
-    lo, hi = 0, most
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        more = BatchShape(prefills=(*shape.prefills, (mid, 0)), decodes=shape.decodes)
-        if view.now + stretch * predict(more) <= deadline:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
+    return most_prefill(view, shape, 0, most, lambda t: now + stretch * t <= deadline)
 
 
 def prefill_cost(view: InstanceView, limit: float, allowance: int) -> Callable[[int], float]:
