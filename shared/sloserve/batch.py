@@ -70,6 +70,9 @@ class BatchPlan:
     dropped: list[str] = field(default_factory=list)
     # why a request in ``dropped`` was dropped, when the policy says (else the controller's default)
     drop_reasons: dict[str, str] = field(default_factory=dict)
+    # an empty plan's timer: ask the policy again at this time even if nothing arrives
+    # (only where the driver offers timers, ``InstanceView.timers``; e.g. slack's pacing)
+    wake_at: float | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -36,8 +36,10 @@ class Instance:
         kv: BlockManager,
         perf_model: PerfModel,
         role: str = "lp",
+        timers: bool = False,
     ) -> None:
         self.instance_id = instance_id
+        self.timers = timers  # the driver wakes the policy at an empty plan's ``wake_at``
         self.policy = policy
         self.kv = kv
         self.perf_model = perf_model
@@ -65,7 +67,8 @@ class Instance:
 
     def view(self, now: float) -> InstanceView:
         return InstanceView(
-            self.instance_id, now, self.waiting, self.running, self.kv, self.perf_model, self.role
+            self.instance_id, now, self.waiting, self.running, self.kv, self.perf_model, self.role,
+            self.timers,
         )
 
     # --- arrivals and removals ----------------------------------------------
@@ -142,6 +145,8 @@ class Instance:
         if caching:
             self._look_up_prefixes(self.waiting)
         plan = self.policy.schedule(self.view(now))
+        if plan.wake_at is not None:
+            self._check_wake(plan, now)
         for rid in plan.preempted:
             req = self.requests[rid]
             if req not in self.running:
@@ -188,6 +193,19 @@ class Instance:
             self._unqueue(admitted)
             self.running.extend(admitted)
         return plan, offloaded, dropped
+
+    def _check_wake(self, plan: BatchPlan, now: float) -> None:
+        """A timer only on an empty plan, only where the driver offers timers, and only
+        later than ``now`` (else the driver would ask again at once, for ever)."""
+        name, wake = type(self.policy).__name__, plan.wake_at
+        assert wake is not None
+        if plan.items:
+            raise ValueError(f"plan.wake_at: {name} set a timer on a plan with items")
+        if not self.timers:
+            raise ValueError(f"plan.wake_at: {name} set a timer; this driver offers none")
+        if not wake > now:  # also NaN
+            raise ValueError(f"plan.wake_at: {name} asked to wake at {wake!r}, "
+                             f"not after now ({now!r})")
 
     def _unqueue(self, admitted: list[Request]) -> None:
         """Take ``admitted`` out of the waiting queue, keeping its order. FCFS policies

@@ -4,10 +4,12 @@ every stream ends with all its tokens, or a refusal that names the policy's rule
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from sloserve.client import Chunk, Client, RequestDropped
+from sloserve.policies.slack import SlackConfig
 from sloserve.services.stack import Stack
 
 # (prompt tokens, max tokens, TTFT SLO, TBT SLO) per kind of request
@@ -46,3 +48,19 @@ def test_slack_serves_a_heterogeneous_burst_end_to_end(start_stack: Callable[...
     # a request that never could make its TTFT is deferred, not refused (late="triage")
     assert all(results[k][0] is not None for k in range(2, 18, len(KINDS)))
     assert sum(chunks is not None for chunks, _ in results) >= 12
+
+
+def test_held_decodes_resume_on_the_policys_timer(start_stack: Callable[..., Stack]) -> None:
+    """Rule 8 on the wall clock: with a wide gate every arrival opens it, so after the
+    prompt each decode-only iteration is held until its gap nears the TBT SLO. Nothing else
+    arrives: only the scheduler's timer can run the held decodes, and the stream ends with
+    gaps near the SLO instead of back-to-back iterations."""
+    cfg = SlackConfig(pace=1.0, pace_quantile=0.0, pace_gate=1e6)
+    stack = start_stack(policy="slack", instances=1, admission=None, policy_config=cfg)
+    client = Client(stack.gateway)
+    times = [time.perf_counter() for _ in client.generate(
+        prompt_token_ids=[97] * 64, max_tokens=8, ttft_slo=1.0, tbt_slo=0.2, ignore_eos=True,
+        timeout=30.0)]  # a timer that never fires would leave the stream waiting for ever
+    assert len(times) == 8
+    gaps = sorted(b - a for a, b in zip(times, times[1:]))
+    assert gaps[len(gaps) // 2] > 0.1, gaps

@@ -7,7 +7,9 @@ import gc
 
 import pytest
 
+from sloserve.policies.slack import SlackConfig
 from sloserve.sim.config import SimConfig
+from sloserve.sim.overlap import OverlapSimulation
 from sloserve.sim.simulator import GC_YOUNG, Simulation, quiet_gc, simulate
 
 SMALL = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=60,
@@ -106,3 +108,22 @@ def test_a_run_tunes_the_cyclic_gc_only_while_it_runs() -> None:
         assert gc.get_threshold()[0] == max(before[0], GC_YOUNG)
         assert gc.get_freeze_count() > frozen  # the set-up objects are out of full collections
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_policys_timer_wakes_its_idle_instance(overlap: bool) -> None:
+    """``slack`` holds decode-only iterations on AccelGen's mix (rule 8): an empty plan with
+    a timer (``sim.events.WAKE``). Every held decode still runs, every request ends with
+    every token, and far more prompts start the moment they arrive than without holds."""
+    cfg = SimConfig(policy="slack", trace="azure-conv", qps=0.5, num_requests=120, seed=1,
+                    ttft_slo=None, tbt_slo=0.1875, slo_mix="hetero", overlap=overlap)
+    at_once = []
+    for pace in (0.5, 0.0):
+        c = dataclasses.replace(cfg, policy_config=SlackConfig(pace=pace))
+        sim = (OverlapSimulation if overlap else Simulation)(c)
+        out = sim.run()
+        assert out["completed"] == 120
+        assert all(len(r.token_times) == r.output_len for r in sim.workload.requests)
+        at_once.append(sum(r.first_scheduled_time == r.arrival_time
+                           for r in sim.workload.requests))
+    assert at_once[0] > 2 * at_once[1]

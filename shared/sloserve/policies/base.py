@@ -145,6 +145,7 @@ class InstanceView:
     kv: BlockManager
     perf_model: PerfModel
     role: str = "lp"  # "lp" | "hp" (Ascendra); other policies ignore it
+    timers: bool = False  # the driver honours an empty plan's ``wake_at``
 
 
 class BatchBuilder:

@@ -52,6 +52,7 @@ from sloserve.policies.base import (
 )
 from sloserve.policies.slack_config import SlackConfig
 from sloserve.policies.slack_lane import BackgroundLane, narrows
+from sloserve.policies.slack_pace import DecodePacer
 from sloserve.policies.slack_rules import (
     doomed,
     first_token_room,
@@ -87,6 +88,7 @@ class SlackPolicy(Policy):
         self._pending: list[Request] = []
         self._seq = itertools.count()
         self._stalls = StallRule()  # the decode gaps planned, and those stalls stretched
+        self._pacer = DecodePacer()  # recent arrivals: when a held decode iteration runs
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._pending.append(req)
@@ -138,6 +140,8 @@ class SlackPolicy(Policy):
         for req in self._pending:
             if req.request_id not in self._queued and req.status is RequestStatus.WAITING:
                 self._push(req, view)
+                self._pacer.arrived(prompt_work(req),
+                                    self._start_by[req.request_id] - req.arrival_time)
         self._pending.clear()
         if len(self._queued) + self._lane.num_waiting == len(view.waiting):
             return
@@ -205,6 +209,10 @@ class SlackPolicy(Policy):
         cfg = self.config
         self._sync(view)
         decodes = [r for r in view.running if r.is_decode]
+        if view.timers and decodes and len(decodes) == len(view.running) and not view.waiting:
+            wake = self._pacer.wake_at(view, decodes, cfg)  # rule 8: the GPU idles
+            if wake is not None:
+                return BatchPlan(wake_at=wake)
         lane = self._lane
         prefills, late_prefills = lane.split([r for r in view.running if r.in_prefill])
         head = (prefills[0] if prefills else self._heap[0][2] if self._heap

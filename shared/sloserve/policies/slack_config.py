@@ -74,6 +74,20 @@ class SlackConfig(PolicyConfig):
         0.2, "slack: a tight prompt (alone_tight) runs alone when beside the decodes its "
         "predicted prefill, stretched by 1 + this, ends past its TTFT deadline (the perf "
         "model under-predicts mixed batches)", min=0.0)
+    pace: float = knob(
+        0.5, "slack: while only decodes run and nothing waits, hold the next decode-only "
+        "iteration (the GPU idles, so a prompt that arrives starts at once) until a decode's "
+        "gap reaches this x its TBT SLO, or sooner (pace_quantile); only while recent "
+        "arrivals include a phase-tight prompt (pace_gate); 0: never hold (vLLM)", min=0.0,
+        max=1.0)
+    pace_quantile: float = knob(
+        0.75, "slack: a held decode-only iteration runs before the decodes' slack gets too "
+        "short for a prompt of this quantile of the last 64 prompt lengths to run whole "
+        "beside them under the TBT budget", min=0.0, max=1.0)
+    pace_gate: float = knob(
+        1.0, "slack: hold decodes only while one of the last 64 arrivals was phase-tight: "
+        "its TTFT SLO less its predicted prefill alone (>= 0) under this x the decode-only "
+        "iteration, so that a running iteration would make it late", min=0.0)
     first_token_cap: float = knob(
         1.2, "slack: a first token comes only when its iteration ends: once an iteration "
         "completes an on-time prompt's prefill, it takes more prefill only while its "

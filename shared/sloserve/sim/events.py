@@ -6,7 +6,8 @@ heap entries (a million arrivals in a heap cost ~20 comparisons each and
 as plain ``(time, seq, instance)`` tuples. Order, as before: by time; at equal
 times a finishing batch is handled before an arrival, so the instance it frees
 can take the newcomer in the same instant; equal batch ends in the order they
-were scheduled; equal arrivals in request order.
+were scheduled; equal arrivals in request order. A policy's timer (an empty plan's
+``wake_at``) is an entry of the same heap whose index is the instance's plus ``WAKE``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ def arrival_order(times: Sequence[float]) -> Sequence[int]:
     return sorted(range(len(times)), key=times.__getitem__)
 
 
+WAKE = 1 << 30  # a timer's heap index: WAKE + instance index (a batch end's is the index)
+
+
 class BatchEnds:
     """Heap of ``(end_time, seq, instance_index)``; ``seq`` breaks ties by push order."""
 
@@ -34,6 +38,10 @@ class BatchEnds:
     def push(self, time: float, instance: int) -> None:
         self._seq += 1
         heapq.heappush(self.heap, (time, self._seq, instance))
+
+    def push_wake(self, time: float, instance: int) -> None:
+        """Wake ``instance``'s policy at ``time`` (it left the GPU idle on purpose)."""
+        self.push(time, WAKE + instance)
 
     def pop(self) -> tuple[float, int, int]:
         return heapq.heappop(self.heap)

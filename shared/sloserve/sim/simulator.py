@@ -38,7 +38,7 @@ from sloserve.request import Request, RequestStatus
 from sloserve.routing_prefix import PrefixRouter
 from sloserve.sim.config import SimConfig
 from sloserve.sim.deferred import DeferredObservations
-from sloserve.sim.events import BatchEnds, arrival_order
+from sloserve.sim.events import WAKE, BatchEnds, arrival_order
 from sloserve.sim.overhead import (
     ControllerLag,
     DeliverySampler,
@@ -193,6 +193,7 @@ class Simulation:
                 kv_cls(num_blocks, cfg.block_size),
                 self.policy_perf,
                 role=roles[k][1],
+                timers=True,  # the event heap holds policy timers (``sim.events.WAKE``)
             )
             for k in mine
         ]
@@ -376,6 +377,8 @@ class Simulation:
             for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
                 self._carry_out(action, now)
         if plan.is_empty:
+            if plan.wake_at is not None:
+                self.ends.push_wake(plan.wake_at, k)
             self._report_state(k, now)
             return None
         return plan, plan.shape()
@@ -425,6 +428,10 @@ class Simulation:
             if self.lag.newer(j, made):
                 self.controller.on_instance_state(self.instances[j].instance_id, waiting, now,
                                                   offers_ticket=offers)
+            return
+        if k >= WAKE:  # a policy's timer: plan again if the instance is still idle
+            if self.in_flight[k - WAKE] is None:
+                self._kick(k - WAKE, now)
             return
         if self._clock:
             self.policy_perf.advance(now)

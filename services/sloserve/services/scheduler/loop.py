@@ -5,8 +5,10 @@ down the executor stream, its ``IterationResult`` comes back and
 ``Instance.complete`` applies it. Tokens, offloads, drops and the instance
 state go up to the gateway, held with the Redis flush until ``HOLD_S`` after
 the next plan has left (off its hop). An empty plan leaves the instance idle
-until the next submission or cancel wakes it — the simulator's rule, so both
-drivers ask the policy at the same moments.
+until the next submission or cancel wakes it, or until the plan's ``wake_at``
+(a policy's timer, on the wall clock only: ``--clock virtual`` moves with events,
+so its instances offer no timers) — the simulator's rule, so both drivers ask the
+policy at the same moments.
 
 Each result must be back by the batch's hang deadline (``sloserve.health``:
 factor x the calibrated predicted batch time + slack; none on the event clock,
@@ -20,6 +22,7 @@ running requests back to recompute, waits for the executor to answer again
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -59,7 +62,9 @@ Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str]]
 def _decide(
     svc: SchedulerService, now: float
 ) -> tuple[BatchPlan | None, scheduler_pb2.SchedulerOutput]:
-    """The policy's plan (None when idle) and the offloads and drops it decided."""
+    """The policy's plan (None when idle) and the offloads and drops it decided; an empty
+    plan's timer is kept in ``svc.wake_at``."""
+    svc.wake_at = None
     if not svc.instance.has_work:
         return None, svc.output()
     t0 = time.perf_counter()
@@ -69,6 +74,7 @@ def _decide(
     out = svc.output()
     _taken(svc, offloaded, dropped, out)
     if not plan.items:
+        svc.wake_at = plan.wake_at
         return None, out
     svc.record(plan_record(svc.instance.instance_id, plan))
     return plan, out
@@ -216,18 +222,11 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
         while True:
             now = clock.now()
             plan, out = _decide(svc, now)
-            if plan is None:  # idle until a submission or cancel wakes us
-                svc.unhold()
+            if plan is None:  # idle until a submission, a cancel or the policy's timer
                 _flush(svc, report)
                 report = None
-                out.state.CopyFrom(state_to_proto(inst, now))
-                svc.send(out)
-                svc.store.kick(time.perf_counter(), interval=0.0)
+                await _park(svc, out, now)
                 prev_recv = None
-                svc.wake.clear()
-                svc.waiting_for_wake = True
-                await svc.wake.wait()
-                svc.waiting_for_wake = False
                 continue
             svc.iterations += 1
             predicted = await _send(svc, call, plan, now)
@@ -263,14 +262,17 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
 
 
 async def _park(svc: SchedulerService, out: scheduler_pb2.SchedulerOutput, now: float) -> None:
-    """Nothing to plan: report the state and wait for a submission or cancel."""
+    """Nothing to plan: report the state and wait for a submission or cancel, or until
+    the empty plan's timer (``svc.wake_at``) is due."""
     svc.unhold()
     out.state.CopyFrom(state_to_proto(svc.instance, now))
     svc.send(out)
     svc.store.kick(time.perf_counter(), interval=0.0)
     svc.wake.clear()
     svc.waiting_for_wake = True
-    await svc.wake.wait()
+    timer = None if svc.wake_at is None else max(0.0, svc.wake_at - svc.clock.now())
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(svc.wake.wait(), timer)
     svc.waiting_for_wake = False
 
 

@@ -51,13 +51,14 @@ async def serve(args: argparse.Namespace) -> None:
         raise ValueError(f"--prefix-caching: the {desc.backend} executor cannot start a "
                          f"request over cached blocks (only {', '.join(PREFIX_CACHING_BACKENDS)})")
     kv_cls = PrefixCachingBlockManager if args.prefix_caching else BlockManager
+    clock = make_clock(args.clock)
     instance = Instance(
         args.instance_id, policy, kv_cls(desc.kv_capacity_blocks, desc.block_size),
-        perf_model, role=args.role,
+        perf_model, role=args.role, timers=not clock.virtual,  # an event clock has no timers
     )
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = SchedulerService(instance, store, args.policy, desc, make_clock(args.clock), log,
+    svc = SchedulerService(instance, store, args.policy, desc, clock, log,
                            admission, hang, overlap=args.overlap)
     store.live, store.outage.log = svc.live_requests, svc.log
 

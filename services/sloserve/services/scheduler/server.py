@@ -75,6 +75,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.replayed: dict[str, int] = {}  # re-announced request -> tokens replayed (_replay)
         self.wake = asyncio.Event()
         self.waiting_for_wake = False  # the loop is parked until ``wake``
+        self.wake_at: float | None = None  # the policy's timer while parked (wall clock)
         self.synced = asyncio.Event()  # a gateway said which requests it still wants
         self.iterations = 0
         self.overhead: deque[float] = deque(maxlen=5000)
