@@ -4,12 +4,16 @@ every stream ends with all its tokens, or a refusal that names the policy's rule
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
+import grpc
+
 from sloserve.client import Chunk, Client, RequestDropped
 from sloserve.policies.slack import SlackConfig
+from sloserve.services.proto import scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack
 
 # (prompt tokens, max tokens, TTFT SLO, TBT SLO) per kind of request
@@ -58,9 +62,30 @@ def test_held_decodes_resume_on_the_policys_timer(start_stack: Callable[..., Sta
     cfg = SlackConfig(pace=1.0, pace_quantile=0.0, pace_gate=1e6)
     stack = start_stack(policy="slack", instances=1, admission=None, policy_config=cfg)
     client = Client(stack.gateway)
-    times = [time.perf_counter() for _ in client.generate(
-        prompt_token_ids=[97] * 64, max_tokens=8, ttft_slo=1.0, tbt_slo=0.2, ignore_eos=True,
-        timeout=30.0)]  # a timer that never fires would leave the stream waiting for ever
+    seen: list[tuple[bool, int]] = []  # (idle, running) as Status reports them meanwhile
+    done = threading.Event()
+
+    def poll() -> None:
+        with grpc.insecure_channel(stack.services["scheduler-lp0"].address) as ch:
+            stub = scheduler_grpc.SchedulerStub(ch)
+            while not done.is_set():
+                st = stub.Status(scheduler_pb2.StatusRequest(),
+                                 metadata=stack.internal_metadata)
+                seen.append((st.idle, st.num_running))
+                time.sleep(0.01)
+
+    watcher = threading.Thread(target=poll)
+    watcher.start()
+    try:
+        times = [time.perf_counter() for _ in client.generate(
+            prompt_token_ids=[97] * 64, max_tokens=8, ttft_slo=1.0, tbt_slo=0.2,
+            ignore_eos=True, timeout=30.0)]  # a timer that never fires: the stream waits
+    finally:
+        done.set()
+        watcher.join()
     assert len(times) == 8
     gaps = sorted(b - a for a, b in zip(times, times[1:]))
     assert gaps[len(gaps) // 2] > 0.1, gaps
+    # a held decode is due: the scheduler is not idle while it waits for its timer
+    assert any(running for _, running in seen)
+    assert not any(idle and running for idle, running in seen)

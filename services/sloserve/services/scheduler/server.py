@@ -319,7 +319,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             coefficients_version=self.coefficients.version,
             coefficients_refit_interval_s=self.coefficients.refit_interval_s,
             policy_config=config_json(inst.policy.config),
-            idle=self.waiting_for_wake and not self.wake.is_set(),
+            idle=(self.waiting_for_wake and not self.wake.is_set()
+                  and self.wake_at is None),  # nothing planned, nothing due (no timer)
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
             admission=admission_flags.to_json(self.admission),
