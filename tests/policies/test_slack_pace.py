@@ -1,4 +1,4 @@
-"""``slack``'s decode pacing (rule 8, ``policies/slack_pace.py``): while only decodes run
+"""``slack``'s decode pacing (``policies/slack_pace.py``): while only decodes run
 and nothing waits, a decode-only iteration is held (an empty plan with a timer) so that a
 prompt arriving meanwhile finds the GPU idle — only after a phase-tight arrival, only where
 the driver offers timers, and never past what a typical prompt needs whole."""

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import grpc
+import pytest
 
 from sloserve.client import Chunk, Client, RequestDropped
 from sloserve.policies.slack import SlackConfig
@@ -54,15 +55,21 @@ def test_slack_serves_a_heterogeneous_burst_end_to_end(start_stack: Callable[...
     assert sum(chunks is not None for chunks, _ in results) >= 12
 
 
-def test_held_decodes_resume_on_the_policys_timer(start_stack: Callable[..., Stack]) -> None:
-    """Rule 8 on the wall clock: with a wide gate every arrival opens it, so after the
-    prompt each decode-only iteration is held until its gap nears the TBT SLO. Nothing else
-    arrives: only the scheduler's timer can run the held decodes, and the stream ends with
-    gaps near the SLO instead of back-to-back iterations."""
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_held_decodes_resume_on_the_policys_timer(
+        start_stack: Callable[..., Stack], monkeypatch: pytest.MonkeyPatch, overlap: str
+) -> None:
+    """Decode pacing on the wall clock, in both scheduler loops: with a wide gate every
+    arrival opens it, so after the prompt each decode-only iteration is held until its gap
+    nears the TBT SLO. Nothing else arrives: only the scheduler's timer can run the held
+    decodes, and the stream ends with gaps near the SLO instead of back-to-back
+    iterations."""
+    monkeypatch.setenv("SLOSERVE_OVERLAP", overlap)  # the schedulers' default loop
     cfg = SlackConfig(pace=1.0, pace_quantile=0.0, pace_gate=1e6)
     stack = start_stack(policy="slack", instances=1, admission=None, policy_config=cfg)
     client = Client(stack.gateway)
     seen: list[tuple[bool, int]] = []  # (idle, running) as Status reports them meanwhile
+    loops: set[bool] = set()  # Status.overlap: which loop the scheduler ran
     done = threading.Event()
 
     def poll() -> None:
@@ -72,6 +79,7 @@ def test_held_decodes_resume_on_the_policys_timer(start_stack: Callable[..., Sta
                 st = stub.Status(scheduler_pb2.StatusRequest(),
                                  metadata=stack.internal_metadata)
                 seen.append((st.idle, st.num_running))
+                loops.add(st.overlap)
                 time.sleep(0.01)
 
     watcher = threading.Thread(target=poll)
@@ -83,7 +91,7 @@ def test_held_decodes_resume_on_the_policys_timer(start_stack: Callable[..., Sta
     finally:
         done.set()
         watcher.join()
-    assert len(times) == 8
+    assert len(times) == 8 and loops == {overlap == "1"}
     gaps = sorted(b - a for a, b in zip(times, times[1:]))
     assert gaps[len(gaps) // 2] > 0.1, gaps
     # a held decode is due: the scheduler is not idle while it waits for its timer

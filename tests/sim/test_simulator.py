@@ -112,7 +112,7 @@ def test_a_run_tunes_the_cyclic_gc_only_while_it_runs() -> None:
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_a_policys_timer_wakes_its_idle_instance(overlap: bool) -> None:
-    """``slack`` holds decode-only iterations on AccelGen's mix (rule 8): an empty plan with
+    """``slack`` holds decode-only iterations on AccelGen's mix (decode pacing): an empty plan with
     a timer (``sim.events.WAKE``). Every held decode still runs, every request ends with
     every token, and far more prompts start the moment they arrive than without holds."""
     cfg = SimConfig(policy="slack", trace="azure-conv", qps=0.5, num_requests=120, seed=1,

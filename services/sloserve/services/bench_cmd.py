@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sloserve.defaults import TBT_SLO, TTFT_SLO, workload_slos
+from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.request import Request, RequestStatus
 from sloserve.services.bench_metrics import (
     DEFAULT_PERCENTILES,
@@ -77,8 +77,11 @@ def add_parser(subparsers: Any) -> None:
                    help="write TTFT/ITL CDF PNGs (and goodput vs rate for several rates) "
                         "into DIR (needs matplotlib: the bench extra)")
     p.add_argument("--disable-tqdm", action="store_true", help="no progress bar")
-    p.add_argument("--ttft-slo", type=float, default=None, help=f"seconds (default {TTFT_SLO})")
-    p.add_argument("--tbt-slo", type=float, default=None, help=f"seconds (default {TBT_SLO})")
+    p.add_argument("--ttft-slo", type=float, default=None,
+                   help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: the anchor that "
+                        "replaces each length group's prefill latency, which is the default)")
+    p.add_argument("--tbt-slo", type=float, default=None,
+                   help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None)
     p.add_argument("--jct-share", type=float, default=0.0,
                    help="with --slo-mix hetero: share of offline JCT-SLO requests (AccelGen §4.3)")

@@ -31,8 +31,8 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                                           "(and Mooncake hash_ids for prefix caching)")
     p.add_argument("--num-requests", type=positive(int), default=1000)
     p.add_argument("--ttft-slo", type=positive(float), default=None,
-                   help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: scales group "
-                        "latency)")
+                   help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: the anchor that "
+                        "replaces each length group's prefill latency, which is the default)")
     p.add_argument("--tbt-slo", type=positive(float), default=None,
                    help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,

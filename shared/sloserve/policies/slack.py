@@ -210,7 +210,7 @@ class SlackPolicy(Policy):
         self._sync(view)
         decodes = [r for r in view.running if r.is_decode]
         if view.timers and decodes and len(decodes) == len(view.running) and not view.waiting:
-            wake = self._pacer.wake_at(view, decodes, cfg)  # rule 8: the GPU idles
+            wake = self._pacer.wake_at(view, decodes, cfg)  # the GPU idles (slack_pace)
             if wake is not None:
                 return BatchPlan(wake_at=wake)
         lane = self._lane

@@ -1,5 +1,5 @@
-"""``slack``'s decode pacing (docs/beyond.md, "Our policy" rule 8, "The GPU idles for the
-next prompt").
+"""``slack``'s decode pacing (docs/beyond.md, "Our policy": the GPU idles for the next
+prompt; measured under "The GPU idles for the next prompt").
 
 An iteration cannot be interrupted, so a prompt that arrives while a decode-only iteration
 runs waits for its end before its prefill can start. For a prompt whose TTFT SLO is within
@@ -30,7 +30,6 @@ from sloserve.batch import BatchShape
 from sloserve.policies.base import InstanceView
 from sloserve.policies.slack_config import SlackConfig
 from sloserve.request import Request
-from sloserve.slo import next_token_deadline
 
 WINDOW = 64  # arrivals remembered: prompt lengths and TTFT slack alone
 
@@ -59,12 +58,13 @@ class DecodePacer:
         one = predict(BatchShape(decodes=dec))
         if not any(0.0 <= s < cfg.pace_gate * one for _, s in self._recent):
             return None
-        wake = deadline = math.inf
+        wake = deadline = math.inf  # the first held gap's end; the tightest next token
         for r in decodes:
             if r.slo.tbt is None or not r.token_times:
                 continue
-            wake = min(wake, r.token_times[-1] + cfg.pace * r.slo.tbt)
-            deadline = min(deadline, next_token_deadline(r) or math.inf)
+            last = r.token_times[-1]
+            wake = min(wake, last + cfg.pace * r.slo.tbt)
+            deadline = min(deadline, last + r.slo.tbt)  # slo.next_token_deadline
         if deadline == math.inf:
             return None
         lengths = sorted(p for p, _ in self._recent)
