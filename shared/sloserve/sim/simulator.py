@@ -429,12 +429,12 @@ class Simulation:
                 self.controller.on_instance_state(self.instances[j].instance_id, waiting, now,
                                                   offers_ticket=offers)
             return
+        if self._clock:  # the perf model's refit clock, before any decision at ``now``
+            self.policy_perf.advance(now)
         if k >= WAKE:  # a policy's timer: plan again if the instance is still idle
             if self.in_flight[k - WAKE] is None:
                 self._kick(k - WAKE, now)
             return
-        if self._clock:
-            self.policy_perf.advance(now)
         flight = self.in_flight[k]
         if isinstance(flight, SteadyRun):
             if flight.started < flight.last:
