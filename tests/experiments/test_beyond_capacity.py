@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from experiment_scripts import load
 
 from sloserve.policies.flags import add_policy_flags
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load(name: str) -> ModuleType:
-    path = ROOT / "infra" / "experiments" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def test_cell_holds_ours_best_seed_ratio_and_bound(tmp_path: Path) -> None:
