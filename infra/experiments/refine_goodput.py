@@ -19,29 +19,18 @@ goodput capacities (and their new probes) replaced and the cells re-summarised, 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from sloserve.sim.capacity import find_capacity
 from sloserve.sim.config import SimConfig
 
-
-def _grid() -> ModuleType:
-    path = Path(__file__).with_name("beyond_capacity.py")
-    spec = importlib.util.spec_from_file_location("beyond_capacity", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bc = _grid()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts
+import beyond_capacity as bc  # noqa: E402
 
 
 def setup_configs(grid: dict[str, Any]) -> dict[tuple[str, str], SimConfig]:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from experiment_scripts import load
 
@@ -48,6 +50,36 @@ def test_hetero_goodput_target_scales_with_the_feasible_share() -> None:
     mod = load("beyond_capacity")
     assert mod.goodput_target("tbt0.1", 0.5) == 0.9
     assert mod.goodput_target("hetero", 0.5) == 0.45
+
+
+def test_feasible_share_with_noise_is_each_requests_chance_alone() -> None:
+    mod = load("beyond_capacity")
+    from sloserve.batch import BatchShape
+    from sloserve.perf.ground_truth import ProfileTiming
+    from sloserve.perf.models import get_model
+    from sloserve.sim.config import SimConfig
+    from sloserve.sim.simulator import build_timing, build_workload
+
+    cfg = SimConfig(policy="vllm", trace="sharegpt", num_requests=300, qps=1.0,
+                    **mod.SLOS["hetero"])
+    quiet = mod.feasible_alone(dataclasses.replace(cfg, noise_cv=0.0))
+    assert quiet["expected_share"] == quiet["share_p999"] == quiet["share"]
+    got = mod.feasible_alone(cfg)
+    assert got["expected_share"] < got["share_p999"]
+    # the same chance drawn: every request alone, with mean-one lognormal noise of its CV
+    reqs = build_workload(cfg, get_model(cfg.model), build_timing(cfg)).requests
+    t = ProfileTiming(cfg.model, cfg.gpu, noise_cv=0.0, tp=cfg.tp)
+    prefill = np.array([t.batch_time(BatchShape(prefills=((r.prompt_len, 0),))) for r in reqs])
+    decode = np.array([t.batch_time(BatchShape(decodes=(r.prompt_len + 1,))) for r in reqs])
+    ttft = np.array([r.slo.ttft for r in reqs])
+    tbt = np.array([r.slo.tbt if r.output_len > 1 else np.inf for r in reqs])
+    sigma = np.sqrt(np.log1p(cfg.noise_cv ** 2))
+    rng = np.random.default_rng(0)
+    draws = 2000
+    noise = rng.lognormal(-sigma ** 2 / 2, sigma, size=(2, draws, len(reqs)))
+    shares = ((prefill * noise[0] <= ttft) & (decode * noise[1] <= tbt)).mean(axis=1)
+    assert abs(shares.mean() - got["expected_share"]) < 4 * shares.std() / np.sqrt(draws)
+    assert np.quantile(shares, 0.999) <= got["share_p999"] + 0.5 / len(reqs)
 
 
 def test_hetero_cells_measure_goodput_at_fixed_rates(tmp_path: Path) -> None:
