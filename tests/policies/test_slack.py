@@ -463,8 +463,8 @@ def test_idle_late_bound_leaves_a_budget_that_on_time_decodes_set() -> None:
         assert (took <= 0.08) is narrowed and took <= 0.4
 
 
-def decoding_for(iterations: int, *young: str, ttft: float = 0.35, **knobs: object
-                 ) -> tuple[Instance, float]:
+def decoding_for(iterations: int, *young: str, ttft: float = 0.35, long_gaps: int = 0,
+                 **knobs: object) -> tuple[Instance, float]:
     """A decode ("d", TBT SLO 0.1 s) that ran ``iterations`` 10 ms iterations (its mean
     TBT far under its SLO: time banked), beside decodes ``young`` that just got their
     first token; then a prompt ("p", 1,500 tokens, TTFT ``ttft``) arrives. With 0.35 s:
@@ -480,7 +480,7 @@ def decoding_for(iterations: int, *young: str, ttft: float = 0.35, **knobs: obje
             for rid in young:
                 i.add_request(req(rid, 10, output=5000, arrival=t), t)
         plan, _, _ = i.schedule(t)
-        t += 0.01
+        t += 0.15 if 0 < k <= long_gaps else 0.01  # d's first ``long_gaps`` gaps: 0.15 s
         i.complete(plan, t)
     i.add_request(req("p", 1500, arrival=t, ttft=ttft), t)
     return i, t
@@ -502,6 +502,30 @@ def test_a_prompt_that_makes_its_ttft_only_whole_stalls_decodes_that_banked_time
         assert plan.dropped == []
     else:
         assert plan.dropped == ["p"]  # chunks miss its TTFT: given up (late="drop")
+
+
+@pytest.mark.parametrize("long_gaps,tail_tbt,whole", [
+    (0, None, True),  # 2,000 gaps, none long: the stall's one is within 0.1 %
+    (2, None, False),  # two gaps seen past the 0.1 s TBT SLO (a slow GPU, say) + the stall's
+    (2, 0.2, True),  # judged against a 0.2 s tail, the 0.15 s gaps are not past it
+])
+def test_gaps_seen_past_the_tail_whatever_made_them_spend_the_stall_budget(
+        long_gaps: int, tail_tbt: float | None, whole: bool) -> None:
+    i, t = decoding_for(2000, long_gaps=long_gaps, stall_share=0.001, alone_tight=0.0,
+                        tail_tbt=tail_tbt)
+    plan, _, _ = i.schedule(t)
+    if whole:
+        assert chunk_of(plan, "p") == 1500 and plan.dropped == []
+    else:
+        assert plan.dropped == ["p"]
+
+
+def test_tail_tbt_defaults_to_the_deployments_tbt_slo() -> None:
+    assert SlackConfig().resolved(tbt_slo=0.1875, slo_mix="hetero").tail_tbt == 0.1875
+    assert SlackConfig(tail_tbt=0.3).resolved(tbt_slo=0.1).tail_tbt == 0.3
+    assert SlackConfig().resolved(tbt_slo=None).tail_tbt is None  # each request's own
+    with pytest.raises(ValueError, match="tail_tbt"):
+        SlackConfig(tail_tbt=0.0)
 
 
 def test_no_stall_while_a_decode_has_banked_no_time() -> None:

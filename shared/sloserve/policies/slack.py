@@ -87,7 +87,7 @@ class SlackPolicy(Policy):
         self._lane = BackgroundLane()  # the deferred requests
         self._pending: list[Request] = []
         self._seq = itertools.count()
-        self._stalls = StallRule()  # the decode gaps planned, and those stalls stretched
+        self._stalls = StallRule()  # the decode gaps planned, and those seen past the tail
         self._pacer = DecodePacer()  # recent arrivals: when a held decode iteration runs
 
     def on_arrival(self, req: Request, now: float) -> None:
@@ -213,6 +213,8 @@ class SlackPolicy(Policy):
             wake = self._pacer.wake_at(view, decodes, cfg)  # the GPU idles (slack_pace)
             if wake is not None:
                 return BatchPlan(wake_at=wake)
+        if cfg.stall_share:
+            self._stalls.observe(cfg, view.running)
         lane = self._lane
         prefills, late_prefills = lane.split([r for r in view.running if r.in_prefill])
         head = (prefills[0] if prefills else self._heap[0][2] if self._heap

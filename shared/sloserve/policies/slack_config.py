@@ -3,8 +3,9 @@ is are in docs/beyond.md, "Our policy" (knob defaults)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from sloserve.defaults import TBT_SLO
 from sloserve.policies.base import PolicyConfig, knob
 
 LATE_MODES = ("triage", "defer", "drop", "serve")
@@ -60,11 +61,16 @@ class SlackConfig(PolicyConfig):
         "it (else a whole prompt stretches their gaps), 'always' also beside on-time "
         "decodes, 'off' never (docs/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
     stall_share: float = knob(
-        0.002, "slack: when the first queued prompt would miss its TTFT in chunks of the "
+        0.005, "slack: when the first queued prompt would miss its TTFT in chunks of the "
         "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "
-        "meets its SLO after that long iteration, and if the decode gaps it stretches past "
-        "their TBT SLO stay within this share of all decode gaps so far (the pooled P99 "
-        "TBT criterion allows 1 %); 0: never", min=0.0, max=0.01)
+        "meets its SLO after that long iteration, and if the decode gaps over tail_tbt — "
+        "those seen so far, whatever made them long, and those this iteration would "
+        "stretch — stay within this share of all decode gaps planned (the pooled P99 TBT "
+        "criterion allows 1 %); 0: never", min=0.0, max=0.01)
+    tail_tbt: float | None = knob(
+        None, "slack: the gap the pooled P99 TBT is judged against (Sarathi-Serve §5.1), "
+        "for the stall budget; default: the deployment's TBT SLO (AccelGen's reading-speed "
+        "anchor under its per-request mix)", min=0.001)
     alone_tight: float = knob(
         2.0, "slack: a prompt whose TTFT SLO is under this x its predicted prefill alone is "
         "tight: when beside the decodes it would miss its TTFT or end within alone_margin of "
@@ -100,3 +106,10 @@ class SlackConfig(PolicyConfig):
     shed_window: int = knob(
         64, "slack: queued requests (in deadline order) that Moore-Hodgson and Smith's rule "
         "look at (0: only give up requests that cannot make it alone; plain order)", min=0)
+
+    def resolved(self, *, tbt_slo: float | None = TBT_SLO,
+                 slo_mix: str | None = None) -> SlackConfig:
+        """``tail_tbt`` from the deployment's TBT SLO when unset (none: each request's own)."""
+        if self.tail_tbt is not None or tbt_slo is None:
+            return self
+        return replace(self, tail_tbt=tbt_slo)

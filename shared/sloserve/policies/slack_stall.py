@@ -6,6 +6,8 @@ the pooled P99 TBT criterion (Sarathi-Serve §5.1) allows."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sloserve.batch import BatchShape
 from sloserve.policies.base import InstanceView
 from sloserve.policies.slack_config import SlackConfig
@@ -14,14 +16,32 @@ from sloserve.request import Request
 
 
 class StallRule:
-    """One instance's stalls: the decode gaps it planned and, of them, those a stall
-    stretched past their own TBT SLO."""
+    """One instance's stalls: the decode gaps it planned and, of those it saw close, the
+    ones over the tail TBT (``tail_tbt``, else each request's own TBT SLO), whatever made
+    them long: a stall, a long prompt's chunk, a preemption."""
 
-    __slots__ = ("gaps", "stretched")
+    __slots__ = ("gaps", "over", "_seen")
 
     def __init__(self) -> None:
         self.gaps = 0  # decode tokens planned on this instance (the gaps they close)
-        self.stretched = 0  # of them, planned in a stall past their own TBT SLO
+        self.over = 0  # gaps seen closed past the tail TBT
+        self._seen: dict[str, int] = {}  # request id -> tokens whose gaps are counted
+
+    def observe(self, cfg: SlackConfig, running: Sequence[Request]) -> None:
+        """Count the gaps ``running`` requests closed since the last look."""
+        seen = self._seen
+        if len(seen) > 2 * len(running) + 64:  # forget the finished ones
+            keep = {r.request_id for r in running}
+            self._seen = seen = {k: v for k, v in seen.items() if k in keep}
+        for r in running:
+            tt = r.token_times
+            k = seen.get(r.request_id, 1)
+            if len(tt) <= k:
+                continue
+            tail = cfg.tail_tbt or r.slo.tbt
+            if tail is not None:
+                self.over += sum(1 for i in range(k, len(tt)) if tt[i] - tt[i - 1] > tail)
+            seen[r.request_id] = len(tt)
 
     def widen(self, view: InstanceView, cfg: SlackConfig, decodes: list[Request],
               budgeted: list[Request], head: Request, start_by: float, limit: float,
@@ -34,8 +54,8 @@ class StallRule:
         beside the decodes it would miss its deadline or end within ``1 + alone_margin`` of
         it. Either way only if after it every on-time decode (``budgeted``) still has its
         *mean* TBT (first token to its next, over the gaps) within ``tbt_margin`` of its SLO,
-        and the gaps it stretches past their own TBT SLO keep the stretched gaps within
-        ``stall_share`` of all planned gaps (they count once granted). Goodput judges the
+        and the gaps past the tail TBT — those seen so far (``observe``) and those it would
+        stretch — stay within ``stall_share`` of all planned gaps. Goodput judges the
         mean (docs/design.md), so a decode that banked time can absorb a stall, as vLLM's
         prefill-first schedule makes it do; the TBT-slack budget guards every other gap."""
         as_is = limit, allowance, False
@@ -62,9 +82,11 @@ class StallRule:
             tbt, tt = r.slo.tbt, r.token_times
             if tbt is not None and tt and gap > cfg.tbt_margin * (tt[0] + len(tt) * tbt - now):
                 return as_is
-        stretched = sum(1 for r in decodes if r.slo.tbt is not None and r.token_times
-                        and now + gap - r.token_times[-1] > r.slo.tbt)
-        if self.stretched + stretched > cfg.stall_share * (self.gaps + len(decodes)):
+        stretched = 0  # the gaps this iteration would take past the tail TBT
+        for r in decodes:
+            tail = cfg.tail_tbt or r.slo.tbt
+            if tail is not None and r.token_times and now + gap - r.token_times[-1] > tail:
+                stretched += 1
+        if self.over + stretched > cfg.stall_share * (self.gaps + len(decodes)):
             return as_is
-        self.stretched += stretched
         return max(limit, took), work, alone
