@@ -109,7 +109,9 @@ class SlackConfig(PolicyConfig):
 
     def resolved(self, *, tbt_slo: float | None = TBT_SLO,
                  slo_mix: str | None = None) -> SlackConfig:
-        """``tail_tbt`` from the deployment's TBT SLO when unset (none: each request's own)."""
+        """``tail_tbt`` from the deployment's TBT SLO when unset (as the seeds' token budgets
+        are: the live stack's is the gateway's ``--tbt-slo``); with none it stays unset and
+        each request's own TBT SLO counts."""
         if self.tail_tbt is not None or tbt_slo is None:
             return self
         return replace(self, tail_tbt=tbt_slo)
