@@ -109,11 +109,14 @@ def feasible_alone(cfg: SimConfig) -> dict[str, Any]:
 
     The simulated batches carry the ground truth's noise (``cfg.noise_cv``, mean-one
     lognormal), so a request just past its SLO alone may still make it by luck. Each
-    request's chance of making both alone in one draw bounds its chance in any schedule
-    (one whole-prompt batch is the shortest way to its first token; a mean over several
-    gaps is no luckier than one): ``expected_share`` is their mean, the most any
-    scheduler's goodput share can be in expectation, and ``share_p999`` adds 3.1 standard
-    deviations of the count (normal approximation), what a lucky draw might reach."""
+    request's chance of its first token in time is that of its whole prompt alone in one
+    noisy batch (the shortest way there; chunks cost more noiselessly), and its chance of
+    a mean TBT in time is taken as 1 where one decode alone makes it and as one draw's
+    chance where it does not (a mean of many draws is no luckier): both generous, so
+    their product bounds the request's chance in any schedule. ``expected_share`` is the
+    mean of those chances, the most any scheduler's goodput share can be in expectation;
+    ``share_p999`` adds 3.1 standard deviations of the count (normal approximation), what
+    a lucky draw might reach."""
     requests = build_workload(cfg, get_model(cfg.model), build_timing(cfg)).requests
     timing = ProfileTiming(cfg.model, cfg.gpu, noise_cv=0.0, tp=cfg.tp)
     sigma = math.sqrt(math.log1p(cfg.noise_cv ** 2))
@@ -132,7 +135,8 @@ def feasible_alone(cfg: SimConfig) -> dict[str, Any]:
         prefill = timing.batch_time(BatchShape(prefills=((r.prompt_len, 0),)))
         decode = timing.batch_time(BatchShape(decodes=(r.prompt_len + 1,)))
         tbt = r.slo.tbt if r.output_len > 1 else None
-        chances.append(chance(r.slo.ttft, prefill) * chance(tbt, decode))
+        mean_tbt = 1.0 if tbt is None or decode <= tbt else chance(tbt, decode)
+        chances.append(chance(r.slo.ttft, prefill) * mean_tbt)
         ok += ((r.slo.ttft is None or prefill <= r.slo.ttft)
                and (tbt is None or decode <= tbt))
     n = len(requests)

@@ -77,7 +77,9 @@ def test_feasible_share_with_noise_is_each_requests_chance_alone() -> None:
     rng = np.random.default_rng(0)
     draws = 2000
     noise = rng.lognormal(-sigma ** 2 / 2, sigma, size=(2, draws, len(reqs)))
-    shares = ((prefill * noise[0] <= ttft) & (decode * noise[1] <= tbt)).mean(axis=1)
+    # a mean TBT over many gaps: in time where one decode alone is, else one draw's luck
+    shares = ((prefill * noise[0] <= ttft)
+              & ((decode <= tbt) | (decode * noise[1] <= tbt))).mean(axis=1)
     assert abs(shares.mean() - got["expected_share"]) < 4 * shares.std() / np.sqrt(draws)
     assert np.quantile(shares, 0.999) <= got["share_p999"] + 0.5 / len(reqs)
 
