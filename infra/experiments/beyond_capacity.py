@@ -303,7 +303,8 @@ def ours_config(a: argparse.Namespace) -> SlackConfig | None:
     return None if all(getattr(a, n, None) is None for n in get_spec(OURS).knobs()) else cfg
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """The command line of this script (also read back from a file's ``argv``)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--num-requests", type=int, default=2000)
     ap.add_argument("--jobs", type=int, default=2)
@@ -328,7 +329,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="keep the setups already in --out and run only the others")
     ap.add_argument("--out", default="docs/results/beyond_capacity.json")
     add_policy_flags(ap)  # slack's knobs for ours (docs/beyond.md: --late-in-budget)
-    a = ap.parse_args(argv)
+    return ap
+
+
+def grid_args(grid: dict[str, Any]) -> argparse.Namespace:
+    """The options a result file was written with (its last run's ``argv``)."""
+    return parser().parse_args(grid["argv"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parser().parse_args(argv)
     refs = [r for r in a.refs.split(",") if r]
     seeds = (a.seeds.split(",") if a.seeds
              else [p for p in policy_names() if p != OURS and p not in refs])

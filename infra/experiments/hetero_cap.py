@@ -28,14 +28,9 @@ import beyond_capacity as bc  # noqa: E402
 BAR = 1.2
 
 
-def workload_seed(grid: dict[str, Any]) -> int:
-    argv = grid["argv"]
-    return int(argv[argv.index("--seed") + 1]) if "--seed" in argv else 0
-
-
 def cell_caps(grid: dict[str, Any]) -> list[dict[str, Any]]:
     """Each heterogeneous cell: its feasible shares and, per rate, the bar against them."""
-    seed, out = workload_seed(grid), []
+    seed, out = bc.grid_args(grid).seed, []
     for row in grid["cells"]:
         if "goodput_fixed" not in row:
             continue
@@ -71,7 +66,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"hetero_cap: {path}: not a beyond_capacity.py file "
                              "(no 'cells', 'argv' or 'num_requests')")
         cells = cell_caps(grid)
-        files[path] = {"num_requests": grid["num_requests"], "seed": workload_seed(grid),
+        files[path] = {"num_requests": grid["num_requests"], "seed": bc.grid_args(grid).seed,
                        "cells": cells,
                        **{k: sum(c[k] for c in cells)
                           for k in ("beyond_noiseless", "beyond_expected", "beyond_p999")}}

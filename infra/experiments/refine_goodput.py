@@ -36,11 +36,7 @@ import beyond_capacity as bc  # noqa: E402
 def setup_configs(grid: dict[str, Any]) -> dict[tuple[str, str], SimConfig]:
     """(cell, policy) -> the SimConfig ``beyond_capacity.py`` ran, rebuilt from the file's
     command line (workload seed, request count, ours' knob flags)."""
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--num-requests", type=int, default=2000)
-    ap.add_argument("--seed", type=int, default=0)
-    bc.add_policy_flags(ap)
-    a, _ = ap.parse_known_args(grid["argv"])
+    a = bc.grid_args(grid)
     if a.num_requests != grid["num_requests"]:
         raise SystemExit("refine_goodput: the file's argv and num_requests disagree")
     policies = sorted({r["policy"] for r in grid["results"]})
@@ -74,12 +70,6 @@ def refine(result: dict[str, Any], cfg: SimConfig, rel_tol: float) -> dict[str, 
     return out
 
 
-def qps_max_factor(grid: dict[str, Any]) -> float:
-    argv = grid["argv"]
-    return float(argv[argv.index("--qps-max-factor") + 1]) if "--qps-max-factor" in argv \
-        else 64.0
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("grid", help="a beyond_capacity.py output file")
@@ -99,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"refine_goodput: {a.grid}: not a beyond_capacity.py file "
                          "(no 'results' or 'argv')")
     configs = setup_configs(grid)
-    factor = qps_max_factor(grid)
+    factor = bc.grid_args(grid).qps_max_factor
     todo = []
     for i, r in enumerate(grid["results"]):
         key = (r["cell"], r["policy"])

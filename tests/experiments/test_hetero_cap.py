@@ -29,6 +29,17 @@ def test_each_cell_compares_the_bar_with_its_workloads_feasible_shares(tmp_path:
     assert c["beyond_expected"] == (max(bars) > c["expected_share"])
     assert c["beyond_p999"] == (max(bars) > c["share_p999"])
     assert f["beyond_expected"] == int(c["beyond_expected"])
+    # a bar between the expected share and a lucky draw's is beyond the one, not the other
+    for q, v in row["goodput_fixed"].items():
+        v["best_seed"] = (c["expected_share"] + c["share_p999"]) / 2 / 1.2 if q == "0.5" \
+            else 0.1
+    for above_p999, bump in ((False, 0.0), (True, 0.5)):
+        row["goodput_fixed"]["2.0"]["best_seed"] = 0.1 + bump
+        grid.write_text(json.dumps(g))
+        load("hetero_cap").main([str(grid), "--out", str(out)])
+        (f,) = json.loads(out.read_text())["files"].values()
+        (c2,) = f["cells"]
+        assert c2["beyond_expected"] and c2["beyond_p999"] is above_p999
 
 
 def test_a_file_that_is_not_a_grid_is_refused_by_name(tmp_path: Path) -> None:

@@ -30,6 +30,7 @@ from sloserve.batch import BatchShape
 from sloserve.policies.base import InstanceView
 from sloserve.policies.slack_config import SlackConfig
 from sloserve.request import Request
+from sloserve.slo import next_token_deadline
 
 WINDOW = 64  # arrivals remembered: prompt lengths and TTFT slack alone
 
@@ -60,11 +61,11 @@ class DecodePacer:
             return None
         wake = deadline = math.inf  # the first held gap's end; the tightest next token
         for r in decodes:
-            if r.slo.tbt is None or not r.token_times:
+            due = next_token_deadline(r)
+            if r.slo.tbt is None or not r.token_times or due is None:
                 continue
-            last = r.token_times[-1]
-            wake = min(wake, last + cfg.pace * r.slo.tbt)
-            deadline = min(deadline, last + r.slo.tbt)  # slo.next_token_deadline
+            wake = min(wake, r.token_times[-1] + cfg.pace * r.slo.tbt)
+            deadline = min(deadline, due)
         if deadline == math.inf:
             return None
         lengths = sorted(p for p, _ in self._recent)

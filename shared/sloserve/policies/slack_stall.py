@@ -15,6 +15,12 @@ from sloserve.policies.slack_rules import doomed, prompt_work
 from sloserve.request import Request
 
 
+def tail_of(cfg: SlackConfig, req: Request) -> float | None:
+    """The gap ``req``'s TBT is judged against for the pooled P99: ``tail_tbt``, else its own
+    TBT SLO."""
+    return cfg.tail_tbt or req.slo.tbt
+
+
 class StallRule:
     """One instance's stalls: the decode gaps it planned and, of those it saw close, the
     ones over the tail TBT (``tail_tbt``, else each request's own TBT SLO), whatever made
@@ -38,7 +44,7 @@ class StallRule:
             k = seen.get(r.request_id, 1)
             if len(tt) <= k:
                 continue
-            tail = cfg.tail_tbt or r.slo.tbt
+            tail = tail_of(cfg, r)
             if tail is not None:
                 self.over += sum(1 for i in range(k, len(tt)) if tt[i] - tt[i - 1] > tail)
             seen[r.request_id] = len(tt)
@@ -84,7 +90,7 @@ class StallRule:
                 return as_is
         stretched = 0  # the gaps this iteration would take past the tail TBT
         for r in decodes:
-            tail = cfg.tail_tbt or r.slo.tbt
+            tail = tail_of(cfg, r)
             if tail is not None and r.token_times and now + gap - r.token_times[-1] > tail:
                 stretched += 1
         if self.over + stretched > cfg.stall_share * (self.gaps + len(decodes)):
