@@ -31,7 +31,7 @@ from sloserve.admission import Admission
 from sloserve.services.auth import new_token
 from sloserve.services.stack import Stack, StackConfig
 from sloserve.sim.config import SimConfig
-from sloserve.sim.overlap import OverlapSimulation
+from sloserve.sim.simulator import Simulation
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPACITY = 9.5  # live_vs_sim_n600_replay_fasthost.json: capacity_qps.ascendra
@@ -72,7 +72,7 @@ def simulated(qps: float, profile: str | None, lag: bool) -> dict[str, Any]:
     """Per noise seed 0-3: dispatches by cause, offloads, TTFT P99."""
     rows: dict[str, list[Any]] = {"ticket": [], "route": [], "offloads": [], "ttft_p99": []}
     for seed in range(4):
-        sim = OverlapSimulation(SimConfig(
+        sim = Simulation(SimConfig(
             policy="ascendra", instances=3, hp_instances=1, trace="sharegpt",
             num_requests=600, seed=4, qps=round(qps, 4), admission=Admission(), overlap=True,
             noise_streams="instance", noise_seed=seed, refit_interval=1.0,

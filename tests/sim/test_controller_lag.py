@@ -12,7 +12,7 @@ import pytest
 from sloserve.controller import Dispatch
 from sloserve.sim.config import SimConfig
 from sloserve.sim.overhead import ControllerLag, OverheadProfile
-from sloserve.sim.overlap import OverlapSimulation
+from sloserve.sim.simulator import Simulation
 
 
 def _profile(tmp_path: Path, lag: float | None) -> str:
@@ -22,7 +22,7 @@ def _profile(tmp_path: Path, lag: float | None) -> str:
 
 
 def _ascendra(profile: str, lag: bool) -> tuple[dict[str, Any], collections.Counter[str]]:
-    sim = OverlapSimulation(SimConfig(
+    sim = Simulation(SimConfig(
         policy="ascendra", instances=3, hp_instances=1, trace="sharegpt", num_requests=300,
         qps=6.5, seed=4, overlap=True, record_decisions=True, overhead_profile=profile,
         controller_lag=lag))

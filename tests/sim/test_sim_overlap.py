@@ -1,4 +1,4 @@
-"""``simulate --overlap``: the live scheduler's overlap timeline (``sloserve.sim.overlap``)."""
+"""``simulate --overlap``: the live scheduler's overlap timeline (``sloserve.driver``)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 
 from sloserve.perf.fixed import FixedTiming
 from sloserve.sim.config import SimConfig
-from sloserve.sim.overlap import OverlapSimulation
 from sloserve.sim.simulator import Simulation, simulate
 
 BASE = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=80, seed=3)
@@ -20,7 +19,7 @@ BASE = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=80, s
 ])
 def test_every_request_completes_with_every_token_timed_and_kv_freed(
         deployment: dict[str, object]) -> None:
-    sim = OverlapSimulation(dataclasses.replace(BASE, overlap=True, **deployment))  # type: ignore[arg-type]
+    sim = Simulation(dataclasses.replace(BASE, overlap=True, **deployment))  # type: ignore[arg-type]
     out = sim.run()
     assert out["completed"] + out["dropped"] == out["requests"] == 80
     assert out["overlap"] is True
@@ -53,7 +52,7 @@ def _first_batch_after_arrival(sim: Simulation) -> list[int]:
 
 def test_a_request_arriving_during_batch_k_runs_no_earlier_than_k_plus_2() -> None:
     cfg = dataclasses.replace(BASE, timing=FixedTiming(0.03), record_decisions=True)
-    serial, overlap = Simulation(cfg), OverlapSimulation(dataclasses.replace(cfg, overlap=True))
+    serial, overlap = Simulation(cfg), Simulation(dataclasses.replace(cfg, overlap=True))
     serial.run()
     overlap.run()
     s, o = _first_batch_after_arrival(serial), _first_batch_after_arrival(overlap)

@@ -9,7 +9,6 @@ import pytest
 
 from sloserve.policies.slack import SlackConfig
 from sloserve.sim.config import SimConfig
-from sloserve.sim.overlap import OverlapSimulation
 from sloserve.sim.simulator import GC_YOUNG, Simulation, quiet_gc, simulate
 
 SMALL = SimConfig(policy="sarathi", trace="sharegpt", qps=2.0, num_requests=60,
@@ -120,7 +119,7 @@ def test_a_policys_timer_wakes_its_idle_instance(overlap: bool) -> None:
     at_once = []
     for pace in (0.5, 0.0):
         c = dataclasses.replace(cfg, policy_config=SlackConfig(pace=pace))
-        sim = (OverlapSimulation if overlap else Simulation)(c)
+        sim = Simulation(c)
         out = sim.run()
         assert out["completed"] == 120
         assert all(len(r.token_times) == r.output_len for r in sim.workload.requests)

@@ -1,12 +1,35 @@
 """Per-iteration discrete-event simulator (docs/design.md: one implementation, two drivers).
 
-Each instance is a ``sloserve.instance.Instance`` with its policy; the core
-``Controller`` places arrivals, offloads and drops exactly as it does in the
-gateway: this driver only carries out its actions and times batches. Every
+Each instance is a ``sloserve.instance.Instance`` with its policy, stepped by the
+core's ``InstanceDriver`` (``sloserve.driver``: decide, launch, land) as the live
+scheduler steps its own; the core ``Controller`` places arrivals, offloads and
+drops exactly as it does in the gateway: this driver only carries out its actions
+and times batches. Every
 batch's duration comes from a ground-truth ``TimingSource`` (real GPU
 profiles); the policies only ever see an ``AscendraRegression`` warm-started
 from a profiling sweep of *measured* samples and refitted online from every
 executed batch, as the live perf-model service does.
+
+With ``cfg.overlap`` (``simulate --overlap``) the instances run the live scheduler's
+overlap scheduling (on by default there: vLLM's async scheduling, SGLang's overlap
+scheduler): plan k+1 is decided as soon as plan k has left, with plan k applied
+(``InstanceDriver.launch``), and starts the moment k ends. Two things follow that the
+serial timeline does not have, and both move TTFT and batch composition:
+
+* a request that arrives while batch k runs is first considered for k+2 (plan
+  k+1 was decided at k's start), i.e. up to one iteration later;
+* a decision sees the state *after* the batch that is still running (its
+  finished requests gone, its KV freed, its decodes one token further).
+
+When a batch starts, the next plan is decided at once (``now`` = the start) and
+applied straight away, ending at the time it will end (the simulator knows the
+ground truth; the live scheduler uses the predicted end until the result arrives,
+then the real one). Its tokens reach the controller when the batch ends. When a
+batch ends with no plan decided (the decision at its start was empty), the next is
+decided then, as the live loop waits for the result and decides again. A request
+that wakes an idle instance is planned at once. Not modelled: executor-side early
+stops (the sim backend has no EOS), and the live scheduler's provisional token
+times (predicted end) between a decision and its result.
 """
 
 from __future__ import annotations
@@ -19,9 +42,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sloserve.admission import for_deployment, refusal
-from sloserve.batch import BatchPlan, BatchSample, BatchShape
+from sloserve.admission import for_deployment
+from sloserve.batch import BatchPlan, BatchSample
 from sloserve.controller import Action, Controller, Dispatch
+from sloserve.driver import Flight, InstanceDriver
 from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_counts
@@ -198,6 +222,9 @@ class Simulation:
             for k in mine
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
+        self.overlap = cfg.overlap
+        self.drivers = [InstanceDriver(inst, overlap=cfg.overlap, simulated=True)
+                        for inst in self.instances]
         router = PrefixRouter([iid for iid, _ in roles],
                               capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
                               ) if cfg.prefix_routing else None
@@ -217,9 +244,10 @@ class Simulation:
         self._reports: dict[int, tuple[list[TokenEvent], tuple[int, float, int, bool]]] = {}
         self._report_seq = 0
         self.requests = {r.request_id: r for r in self.workload.requests}
-        # the batch each instance runs: a plan and its shape, or a steady run (sim.steady)
-        self.in_flight: list[tuple[BatchPlan, BatchShape] | SteadyRun | None] = (
-            [None] * len(self.instances))
+        # the batch each instance runs: a launched plan, or a steady run (sim.steady)
+        self.in_flight: list[Flight | SteadyRun | None] = [None] * len(self.instances)
+        # overlap: the plan decided (and applied) while the one in flight runs
+        self.queued: list[Flight | None] = [None] * len(self.instances)
         self.batch_start = [0.0] * len(self.instances)
         self.samples: list[BatchSample] = []
         self.record_samples = cfg.record_samples
@@ -310,9 +338,7 @@ class Simulation:
             if isinstance(run, SteadyRun):  # it is looked at and changed: written back first,
                 run.write_back()  # and its iteration in flight is its last steady one
                 run.stop = True
-            limits = self.admission
-            if (limits is not None and action.cause in ("route", "ticket")
-                    and refusal(self.instances[k], req, now, limits) is not None):
+            if self.drivers[k].refusal(req, now, now, self.admission) is not None:
                 for a in self.controller.on_scheduled(action.instance_id, [], [req], now):
                     self._carry_out(a, now)  # refused at the door: a drop, as live
                 return
@@ -350,7 +376,12 @@ class Simulation:
         an empty plan leaves it idle until the next event that reaches it. With an
         overhead profile, a batch that follows one that just ended (``back_to_back``)
         starts after a measured gap (``sim.overhead``); the plan is decided at ``now``."""
-        if self.in_flight[k] is not None or not self.instances[k].has_work:
+        if self.in_flight[k] is not None:
+            return  # busy (under overlap its successor was decided when it started)
+        if self.overlap:
+            self._kick_overlap(k, now, back_to_back)
+            return
+        if not self.instances[k].has_work:
             return
         if self._steady_limit[k]:
             decode_time = self._decode_time[k]
@@ -360,46 +391,64 @@ class Simulation:
                 self.in_flight[k], end = steady
                 self.ends.push(end, k)
                 return
-        decided = self._decide(k, now)
-        if decided is None:
-            return
-        plan, shape = decided
-        start = now + self._gap(back_to_back)
-        self._start(k, plan, shape, start, start + self._batch_time[k](shape))
+        flight = self._launch(k, now, now, back_to_back)
+        if flight is not None:
+            self._start(k, flight)
 
-    def _decide(self, k: int, now: float) -> tuple[BatchPlan, BatchShape] | None:
-        """The policy's plan for instance ``k`` at ``now`` (applied: KV, queues), its
-        offloads and drops carried out; ``None`` (state reported) for an empty plan."""
-        inst = self.instances[k]
-        plan, offloaded, dropped = inst.schedule(now)
+    def _kick_overlap(self, k: int, now: float, back_to_back: bool) -> None:
+        """Overlap: start the plan decided while the last batch ran (or decide one now),
+        then decide its successor at once, ending when it will end."""
+        flight = self.queued[k]
+        if flight is None:
+            if not self.instances[k].has_work:
+                return
+            flight = self._launch(k, now, now, back_to_back)
+            if flight is None:
+                return
+        self.queued[k] = None
+        self._start(k, flight)
+        if self.instances[k].has_work:  # plan k+1 leaves while k runs, k applied
+            self.queued[k] = self._launch(k, now, flight.end, True)
+
+    def _launch(self, k: int, now: float, after: float, back_to_back: bool) -> Flight | None:
+        """Instance ``k``'s plan decided at ``now``, launched to start at ``after`` (+ a
+        gap) and timed by the ground truth; its offloads and drops carried out. ``None``
+        (state reported, a policy's timer set) for an empty plan."""
+        driver = self.drivers[k]
+        plan, offloaded, dropped, wake_at = driver.decide(now)
         if offloaded or dropped:
             self.num_offloads += len(offloaded)
-            for action in self.controller.on_scheduled(inst.instance_id, offloaded, dropped, now):
+            for action in self.controller.on_scheduled(driver.instance.instance_id, offloaded,
+                                                       dropped, now):
                 self._carry_out(action, now)
-        if plan.is_empty:
-            if plan.wake_at is not None:
-                self.ends.push_wake(plan.wake_at, k)
+        if plan is None:
+            if wake_at is not None:
+                self.ends.push_wake(wake_at, k)
             self._report_state(k, now)
             return None
-        return plan, plan.shape()
+        shape = plan.shape()
+        start = after + self._gap(back_to_back)
+        return driver.launch(plan, start, start + self._batch_time[k](shape), shape)
 
     def _gap(self, back_to_back: bool) -> float:
         """The executor's idle time before a batch (0 without a profile or after idle)."""
         return self.overhead.gap() if back_to_back and self.overhead is not None else 0.0
 
-    def _start(self, k: int, plan: BatchPlan, shape: BatchShape, start: float,
-               end: float) -> None:
+    def _start(self, k: int, flight: Flight) -> None:
         if self.plans is not None:
-            self.plans.append((self.instances[k].instance_id, start, end, plan))
-        self.in_flight[k] = (plan, shape)
-        self.batch_start[k] = start
-        self.ends.push(end, k)
+            self.plans.append((self.instances[k].instance_id, flight.start, flight.end,
+                               flight.plan))
+        self.in_flight[k] = flight
+        self.batch_start[k] = flight.start
+        self.ends.push(flight.end, k)
 
-    def _settle(self, k: int) -> None:
-        """Write instance ``k``'s steady run back into it; what it still runs is in flight."""
+    def _settle(self, k: int, now: float) -> None:
+        """Write instance ``k``'s steady run back into it; what it still runs is in flight
+        (ending at ``now``: only ``_finish_batch`` settles a run with one in flight)."""
         run = self.in_flight[k]
         assert isinstance(run, SteadyRun)
-        self.in_flight[k] = run.settle()
+        left = run.settle()
+        self.in_flight[k] = None if left is None else Flight(left[0], run.start, now, left[1])
         self.batch_start[k] = run.start
         self.num_steady += run.started
 
@@ -415,7 +464,7 @@ class Simulation:
         if end is not None:
             self.ends.push(end, k)
             return
-        self._settle(k)  # KV is short for the next iteration: the policy decides it
+        self._settle(k, now)  # KV is short for the next iteration: the policy decides it
         self._report_state(k, now)
         self._kick(k, now, back_to_back=True)
 
@@ -440,10 +489,11 @@ class Simulation:
             if flight.started < flight.last:
                 self._finish_steady(k, flight, now)
                 return
-            self._settle(k)  # its last iteration ends a request: finished as any other
+            self._settle(k, now)  # its last iteration ends a request: finished as any other
             flight = self.in_flight[k]
         assert flight is not None and not isinstance(flight, SteadyRun)
-        plan, shape = flight
+        shape = flight.shape
+        assert shape is not None
         inst = self.instances[k]
         self.in_flight[k] = None
         duration = now - self.batch_start[k]
@@ -454,19 +504,13 @@ class Simulation:
         self.num_iterations += 1
         kv = inst.kv
         self.kv_util_sum += (kv.num_blocks - kv.num_free_blocks) / kv.num_blocks  # utilization
-        tokens = self._apply(k, plan, now)
+        tokens = self.drivers[k].land(flight, None)  # applied now, or at launch (overlap)
         if tokens and self.stream is not None:
             for t in tokens:
                 if t.finished:
                     self._retire(t.request_id)
         self._report_state(k, now, tokens)
         self._kick(k, now, back_to_back=True)
-
-    def _apply(self, k: int, plan: BatchPlan, now: float) -> list[TokenEvent]:
-        """The ended batch's tokens, first and last of each request only (the simulator
-        needs no other event; every token's time is still recorded): its plan is applied
-        now (``sim.overlap`` applied it when it was decided)."""
-        return self.instances[k].complete(plan, now, every_token=False)
 
     def _report_state(self, k: int, now: float, tokens: list[TokenEvent] | None = None) -> None:
         """Instance ``k``'s report to the controller: after a batch its ``tokens``, and its
@@ -488,7 +532,7 @@ class Simulation:
         """What this run (or part) added up, steady runs cut short settled first."""
         for k, flight in enumerate(self.in_flight):
             if isinstance(flight, SteadyRun):  # a run cut short: its instance as it stands
-                self._settle(k)
+                self._settle(k, end)
         return RunTotals(end, self.num_iterations, self.num_offloads, self.kv_util_sum,
                          sum(i.num_preemptions for i in self.instances),
                          prefix_counts(self.instances))
@@ -517,8 +561,4 @@ def simulate(cfg: SimConfig) -> dict[str, Any]:
         from sloserve.sim.parallel import simulate_parallel
 
         return simulate_parallel(cfg)
-    if cfg.overlap:
-        from sloserve.sim.overlap import OverlapSimulation
-
-        return OverlapSimulation(cfg).run()
     return Simulation(cfg).run()
