@@ -16,6 +16,7 @@ import argparse
 import json
 import time
 
+from sloserve.driver import InstanceDriver, Outcome
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.perf.linear import LinearPerfModel
@@ -45,12 +46,14 @@ def main() -> None:
         req = Request(rid, 0.0, args.prompt_len, args.max_tokens, SLO(ttft=None, tbt=None))
         req.output_token_ids = []
         inst.add_request(req, 0.0)
+    driver = InstanceDriver(inst)  # the scheduler's step (sloserve.driver)
     deltas = TableDeltas()
     size = {"whole": 0, "delta": 0}
     took = {"whole": 0.0, "delta": 0.0}
     first = args.iterations - args.measure
     for it in range(args.iterations):
-        plan, _, _ = inst.schedule(float(it))
+        plan, _, _, _ = driver.decide(float(it))
+        assert plan is not None, "every request runs: the plan is never empty"
         for name, tables in (("whole", TableDeltas()), ("delta", deltas)):
             t0 = time.perf_counter()
             raw = plan_to_proto(inst, plan, specs, it, 0.0, [], tables).SerializeToString()
@@ -61,7 +64,7 @@ def main() -> None:
         sampled = {r.request_id: pseudo_token(r.request_id, r.num_generated)
                    for r, i in zip(reqs, plan.items, strict=True)
                    if r.samples_after(i.num_tokens)}
-        inst.complete(plan, it + 1.0, (), sampled)
+        driver.land(driver.launch(plan, float(it), it + 1.0), Outcome(it + 1.0, sampled))
     print(json.dumps({"items": len(plan.items), "context_len": plan.items[0].context_len,
                       **{f"{k}_bytes": size[k] / args.measure for k in size},
                       **{f"{k}_ms": took[k] / args.measure * 1e3 for k in took}}))

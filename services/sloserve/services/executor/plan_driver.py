@@ -1,6 +1,7 @@
 """Feed a backend the plans our scheduler would send, in-process (no gRPC).
 
-``PlanDriver`` runs a real ``Instance`` (our policy + ``BlockManager``) and
+``PlanDriver`` runs a real ``Instance`` (our policy + ``BlockManager``), stepped
+by the core's ``InstanceDriver`` (``sloserve.driver``) as the scheduler steps it, and
 turns each of its plans into the ``executor_pb2.BatchPlan`` the scheduler
 service sends, with the same conversion (``convert.plan_to_proto``: items with
 block tables as deltas, ``added`` for a sequence (re)starting at context 0 or over a
@@ -14,6 +15,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
+from sloserve.driver import InstanceDriver, Outcome
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PrefixCachingBlockManager, token_hash_ids
@@ -50,6 +52,7 @@ class PlanDriver:
         kv_cls = PrefixCachingBlockManager if prefix_caching else BlockManager
         self.instance = Instance("drv0", spec.make("lp", cfg),
                                  kv_cls(blocks, desc.block_size), LinearPerfModel())
+        self.driver = InstanceDriver(self.instance)
         self.specs: dict[str, common_pb2.RequestSpec] = {}
         self._freed: list[str] = []
         self.tables = TableDeltas()  # what the backend holds of each block table
@@ -75,19 +78,21 @@ class PlanDriver:
         iterations = 0
         while inst.has_work and iterations < max_iterations:
             now = time.perf_counter() - start
-            plan, offloaded, dropped = inst.schedule(now)
+            plan, offloaded, dropped, _ = self.driver.decide(now)
             if offloaded or dropped:
                 raise RuntimeError(f"plan_driver: policy offloaded/dropped {offloaded + dropped}")
-            if plan.is_empty:
+            if plan is None:
                 raise RuntimeError("plan_driver: the policy made an empty plan with work queued")
             iterations += 1
             freed, self._freed = self._freed, []
             msg = plan_to_proto(inst, plan, self.specs, iterations, now, freed, self.tables)
             if record_plans:
                 plans.append(msg)
+            flight = self.driver.launch(plan, now, now)  # the backend runs it in-process
             step = self.backend.execute(msg)
             engine_s += step.duration_s
-            events = inst.complete(plan, time.perf_counter() - start, step.stopped, step.tokens)
+            events = self.driver.land(flight, Outcome(time.perf_counter() - start, step.tokens,
+                                                      step.stopped))
             self._freed += [ev.request_id for ev in events if ev.finished]
         if self._freed:  # let the executor forget the last finished requests too
             self.backend.execute(executor_pb2.BatchPlan(iteration=iterations + 1,

@@ -1,8 +1,13 @@
 """The scheduler's iteration loop: plan -> executor -> result -> instance -> gateway.
 
-Each iteration ``Instance.schedule`` (the policy decides) gives a plan; it goes
-down the executor stream, its ``IterationResult`` comes back and
-``Instance.complete`` applies it. Tokens, offloads, drops and the instance
+Each iteration the core's ``InstanceDriver`` (``sloserve.driver``) steps the
+instance: ``decide`` (the policy's plan, applied), ``launch`` as the plan goes down
+the executor stream, ``land`` when its ``IterationResult`` comes back. One loop
+serves both schedules: serially, a plan's result lands before the next decision;
+with overlap (vLLM's async scheduling, SGLang's overlap scheduler) plan k+1 is
+decided and sent while the executor runs plan k, which ``launch`` applied
+provisionally and ``land`` reconciles (real token ids and end, early stops);
+``rollback`` undoes it when the executor is lost first. Tokens, offloads, drops and the instance
 state go up to the gateway, held with the Redis flush until ``HOLD_S`` after
 the next plan has left (off its hop). An empty plan leaves the instance idle
 until the next submission or cancel wakes it, or until the plan's ``wake_at``
@@ -25,6 +30,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -33,19 +39,12 @@ from prometheus_client import Gauge, Histogram
 from sloserve.batch import BatchPlan
 from sloserve.controller import DROP_BY_POLICY
 from sloserve.decisions import plan_record
+from sloserve.driver import Flight, Outcome, ResultMismatch
 from sloserve.instance import TokenEvent
 from sloserve.request import Request
 from sloserve.services import metrics
 from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
 from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
-from sloserve.services.scheduler.overlap import (
-    Flight,
-    ResultMismatch,
-    fly,
-    lacks_tokens,
-    land,
-    rollback,
-)
 from sloserve.services.scheduler.server import SchedulerService
 
 ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
@@ -68,13 +67,13 @@ def _decide(
     if not svc.instance.has_work:
         return None, svc.output()
     t0 = time.perf_counter()
-    plan, offloaded, dropped = svc.instance.schedule(now)
+    plan, offloaded, dropped, wake_at = svc.driver.decide(now)
     svc.schedule_time.append(took := time.perf_counter() - t0)  # the decision alone
     metrics.DECISION_TIME.labels(svc.executor.model).observe(took)
     out = svc.output()
     _taken(svc, offloaded, dropped, out)
-    if not plan.items:
-        svc.wake_at = plan.wake_at
+    if plan is None:
+        svc.wake_at = wake_at
         return None, out
     svc.record(plan_record(svc.instance.instance_id, plan))
     return plan, out
@@ -147,7 +146,7 @@ async def run(svc: SchedulerService, executor: executor_grpc.ExecutorStub) -> No
         call = executor.Execute()
         svc.tables.reset()  # a new stream: the executor holds no block table
         try:
-            await (_iterate_overlap(svc, call) if svc.overlap else _iterate(svc, call))
+            await _iterate(svc, call)
         except ExecutorLost as exc:
             call.cancel()
             await svc.executor_lost(str(exc), exc.predicted_s, exc.deadline_s)
@@ -210,57 +209,6 @@ class _Families:
             self.err.observe(abs(predicted_s - duration_s) / duration_s)
 
 
-async def _iterate(svc: SchedulerService, call: Any) -> None:
-    inst, clock = svc.instance, svc.clock
-    iid = inst.instance_id
-    m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
-    m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
-    fam = _Families(svc)
-    prev_recv: float | None = None  # end of the previous busy iteration
-    report: Report | None = None
-    try:
-        while True:
-            now = clock.now()
-            plan, out = _decide(svc, now)
-            if plan is None:  # idle until a submission, a cancel or the policy's timer
-                _flush(svc, report)
-                report = None
-                await _park(svc, out, now)
-                prev_recv = None
-                continue
-            svc.iterations += 1
-            predicted = await _send(svc, call, plan, now)
-            svc.hold()
-            if out.offloaded or out.dropped:
-                svc.send(out)  # decided with this plan
-            _flush(svc, report)  # the previous batch's tokens, off the critical path
-            report = None
-            fam.scheduled(plan, now)
-            res = await _read(call, _deadline(svc, predicted), predicted)
-            svc.hang.observe(predicted, res.duration_s)
-            t_recv = time.perf_counter()
-            end = clock.batch_end(now, res.duration_s)
-            sampled = {t.request_id: t.token_id for t in res.tokens}
-            events = inst.complete(plan, end, res.stopped, sampled)
-            report_out = svc.output()
-            report_out.state.CopyFrom(state_to_proto(inst, end))
-            report = (report_out, events, res.stopped)
-            m_iter.observe(res.duration_s)
-            m_wait.set(len(inst.waiting))
-            m_run.set(len(inst.running))
-            fam.landed(predicted, res.duration_s)
-            if prev_recv is not None:
-                over = t_recv - prev_recv - res.duration_s
-                svc.overhead.append(over)
-                m_over.observe(over)
-                if res.idle_before_s >= 0:
-                    svc.unhidden.append(res.idle_before_s)
-            prev_recv = t_recv
-    finally:
-        svc.unhold()
-        _flush(svc, report)  # tokens the executor made before it was lost are real
-
-
 async def _park(svc: SchedulerService, out: scheduler_pb2.SchedulerOutput, now: float) -> None:
     """Nothing to plan: report the state and wait for a submission or cancel, or until
     the empty plan's timer (``svc.wake_at``) is due."""
@@ -276,36 +224,50 @@ async def _park(svc: SchedulerService, out: scheduler_pb2.SchedulerOutput, now: 
     svc.waiting_for_wake = False
 
 
-async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
-    """The loop with overlap (``overlap`` module): plan k+1 is decided and sent
-    while the executor runs plan k, which is applied provisionally meanwhile."""
-    inst, clock = svc.instance, svc.clock
+@dataclass(slots=True)
+class _Sent:
+    """A launched plan as the loop tracks it: its predicted time (the hang deadline's
+    base) and whether the executor was idle before it (its wait is not overhead)."""
+
+    flight: Flight
+    predicted_s: float
+    after_idle: bool
+
+
+async def _iterate(svc: SchedulerService, call: Any) -> None:
+    """Decide, send, land, report, for ever: one loop for both schedules. Serially
+    (``svc.overlap`` off, and always on the event clock) each plan's result lands
+    before the next decision; with overlap plan k+1 is decided and sent while the
+    executor runs plan k, which ``launch`` applied provisionally meanwhile."""
+    inst, clock, driver = svc.instance, svc.clock, svc.driver
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
     fam = _Families(svc)
-    flight: Flight | None = None  # sent and applied provisionally, result not yet read
+    flight: _Sent | None = None  # sent (under overlap applied provisionally), not yet read
+    after_idle = True  # the executor is idle: the next plan's wait is not overhead
     report: Report | None = None
-    prev_recv: float | None = None
-    after_idle = True
+    prev_recv: float | None = None  # when the previous busy iteration's result came
 
-    async def landed(f: Flight) -> Report:
+    async def landed(sent: _Sent) -> Report:
         nonlocal prev_recv
-        res = await _read(call, _deadline(svc, f.predicted_s), f.predicted_s)
-        svc.hang.observe(f.predicted_s, res.duration_s)
+        f, predicted = sent.flight, sent.predicted_s
+        res = await _read(call, _deadline(svc, predicted), predicted)
+        svc.hang.observe(predicted, res.duration_s)
         t_recv = time.perf_counter()
         end = clock.batch_end(f.start, res.duration_s)
+        sampled = {t.request_id: t.token_id for t in res.tokens}
         try:
-            events = land(inst, f, res, end, svc.specs)
+            events = driver.land(f, Outcome(end, sampled, res.stopped), svc.specs)
         except ResultMismatch as exc:
-            raise ExecutorLost(f"dead: {exc}") from None
+            raise ExecutorLost(f"dead: result {res.iteration}: {exc}") from None
         out = svc.output()
         out.state.CopyFrom(state_to_proto(inst, end))
         m_iter.observe(res.duration_s)
         m_wait.set(len(inst.waiting))
         m_run.set(len(inst.running))
-        fam.landed(f.predicted_s, res.duration_s)
-        if prev_recv is not None and not f.after_idle:
+        fam.landed(predicted, res.duration_s)
+        if prev_recv is not None and not sent.after_idle:
             over = t_recv - prev_recv - res.duration_s
             svc.overhead.append(over)
             m_over.observe(over)
@@ -325,30 +287,32 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
                 _flush(svc, report)
                 report = report_k
                 continue
-            if plan is None:
+            if plan is None:  # idle until a submission, a cancel or the policy's timer
                 _flush(svc, report)
                 report = None
                 await _park(svc, out, now)
                 prev_recv, after_idle = None, True
                 continue
             svc.iterations += 1
-            if flight is not None and lacks_tokens(inst, plan):  # rare: wait for k's ids
+            if flight is not None and driver.lacks_tokens(plan):  # rare: wait for k's ids
                 report_k, flight = await landed(flight), None
                 _flush(svc, report)
                 report = report_k
             predicted = await _send(svc, call, plan, now)
             svc.hold()
             if out.offloaded or out.dropped:
-                svc.send(out)
-            _flush(svc, report)
+                svc.send(out)  # decided with this plan
+            _flush(svc, report)  # the previous batch's tokens, off the critical path
             report = None
             if flight is not None:
                 report, flight = await landed(flight), None
-            flight = fly(inst, plan, now, predicted, after_idle)
+            flight = _Sent(driver.launch(plan, now, now + predicted), predicted, after_idle)
             fam.scheduled(plan, now)
             after_idle = False
+            if not svc.overlap:  # serial: the result lands before the next decision
+                report, flight = await landed(flight), None
     finally:
         svc.unhold()
         _flush(svc, report)  # tokens the executor made before it was lost are real
         if flight is not None:
-            rollback(inst, flight, svc.specs)
+            driver.rollback(flight.flight, svc.specs)

@@ -28,7 +28,8 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2
 
-from sloserve.admission import Admission, refusal
+from sloserve.admission import Admission
+from sloserve.driver import InstanceDriver
 from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
@@ -62,6 +63,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         # plan k+1 leaves while the executor runs plan k (loop, overlap); the event
         # clock (protocol tests) runs the simulator's timeline, which has no overlap
         self.overlap = overlap and not clock.virtual
+        self.driver = InstanceDriver(instance, overlap=self.overlap)  # the loop's one step
         self.hang = hang or HangDeadline()
         self.health: health.aio.HealthServicer | None = None  # set once serving
         self.clock, self.decision_log = clock, decision_log
@@ -88,7 +90,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
     def admit(self, spec: common_pb2.RequestSpec, persist: bool = True,
               fresh: bool = False) -> None:
         """A submission: resume it if known, else add it to the instance. A ``fresh``
-        one (a first placement, not a re-run, offload or re-announcement) may be
+        one (off the gateway's stream, not a restore or re-announcement) that is a first
+        placement (``sloserve.driver.first_placement``: not a re-run or offload) may be
         refused by admission control (``sloserve.admission``): a drop with the reason."""
         rid = spec.request_id
         now = self.clock.at_event(spec.dispatch_time or spec.arrival_time)
@@ -102,9 +105,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
             unit = kv.block_size if kv.prefix_caching else None
             req = request_of(spec, hash_unit=unit)
-            if (fresh and self.admission is not None and not spec.generated_token_ids
-                    and spec.num_offloads == 0 and spec.dispatch_time == spec.arrival_time
-                    and (why := refusal(self.instance, req, now, self.admission))):
+            if fresh and (why := self.driver.refusal(req, now, spec.dispatch_time,
+                                                     self.admission)):
                 raise ValueError(why)
             self.instance.add_request(req, now)
         except ValueError as exc:
