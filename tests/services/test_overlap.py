@@ -1,4 +1,4 @@
-"""Overlap scheduling (``scheduler/overlap.py``) changes when plans leave, never the tokens.
+"""Overlap scheduling (``sloserve.driver``) changes when plans leave, never the tokens.
 
 The same requests on a stack with overlap off and on get identical token
 streams: the sim backend (tokens a function of request and index), and the

@@ -10,7 +10,7 @@ scheduler's admission limits (its ``Status.admission``: ``up``'s flags) are simu
 Optionally the simulator's ground truth includes a measured overhead profile
 (``--overhead-profile``, ``sloserve.sim.overhead``). The stack's schedulers say
 whether they run overlap scheduling (``Status.overlap``, the default); the
-simulation then does too (``simulate --overlap``, ``sloserve.sim.overlap``). They
+simulation then does too (``simulate --overlap``, ``sloserve.driver``). They
 also say how often the perf-model service refits the coefficients they predict with
 (``Status.coefficients_refit_interval_s``, from the published fit); the simulation
 refits its online model on that clock (``simulate --refit-interval``).
@@ -182,7 +182,7 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         num_blocks=int(inst[0]["kv_capacity_blocks"]), block_size=int(inst[0]["block_size"]),
         policy_config=config, admission=from_json((lp or sts)[0].admission),
         overhead_profile=overhead_profile,
-        overlap=all(st.overlap for st in sts),  # the scheduler's loop (sim.overlap)
+        overlap=all(st.overlap for st in sts),  # the scheduler's loop (sloserve.driver)
         prefix_caching=False,  # `up` runs its schedulers without prefix caching
         refit_interval=live_refit_interval(sts),
     )

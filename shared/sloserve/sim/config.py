@@ -51,7 +51,7 @@ class SimConfig:
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
     # the live stack's un-hidden gap between batches (``sim.overhead``; ``bench --overhead-out``)
     overhead_profile: str | None = None
-    # the live scheduler's overlap scheduling: plan k+1 decided while k runs (``sim.overlap``)
+    # the live scheduler's overlap scheduling: plan k+1 decided while k runs (``sloserve.driver``)
     overlap: bool = False
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)

@@ -5,7 +5,7 @@ simulated GPU's batch time comes from a ``TimingSource`` (the ground truth
 of the *kernels*); what a live stack adds on top is time the executor sits
 idle between two consecutive batches: the decision, the plan's and the
 result's stream hops, applying the result. With overlap scheduling (vLLM's
-async scheduling, SGLang's overlap scheduler; ``services/scheduler/overlap.py``)
+async scheduling, SGLang's overlap scheduler; ``sloserve.driver``)
 most of it is hidden behind the running batch and only the *un-hidden* gap
 remains. The executor measures that gap itself for every batch
 (``IterationResult.idle_before_s``) and the scheduler keeps a window of them
