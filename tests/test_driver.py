@@ -99,7 +99,7 @@ def test_rollback_takes_back_tokens_never_made_and_revives_a_finished_request() 
     assert a.status is RequestStatus.FINISHED and "a" not in drv.instance.requests
     drv.rollback(flight, live)
     assert a.num_generated == 1 and a.token_times == [0.01]
-    assert a.status is RequestStatus.RUNNING and a.finish_time is None
+    assert (a.status, a.finish_time) == (RequestStatus.RUNNING, None)
     assert drv.instance.requests["a"] is a and a in drv.instance.running
 
 

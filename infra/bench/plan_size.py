@@ -65,6 +65,7 @@ def main() -> None:
                    for r, i in zip(reqs, plan.items, strict=True)
                    if r.samples_after(i.num_tokens)}
         driver.land(driver.launch(plan, float(it), it + 1.0), Outcome(it + 1.0, sampled))
+    assert plan is not None
     print(json.dumps({"items": len(plan.items), "context_len": plan.items[0].context_len,
                       **{f"{k}_bytes": size[k] / args.measure for k in size},
                       **{f"{k}_ms": took[k] / args.measure * 1e3 for k in took}}))
