@@ -15,7 +15,7 @@ def _running(overlap: bool, output: int = 3) -> tuple[InstanceDriver, list[str]]
     drv = InstanceDriver(make_instance("sarathi", token_budget=64), overlap=overlap)
     for rid in ("a", "b"):
         drv.instance.add_request(req(rid, 8, output=output), 0.0)
-    plan = drv.decide(0.0).plan
+    plan = drv.decide(0.0)[0]
     assert plan is not None
     drv.land(drv.launch(plan, 0.0, 0.01), Outcome(0.01, {"a": 1, "b": 1}))
     return drv, ["a", "b"]
@@ -46,7 +46,7 @@ def test_admission_refuses_a_first_placement_but_never_an_offload() -> None:
 def test_serial_launch_applies_nothing_until_the_result_lands() -> None:
     drv, _ = _running(overlap=False)
     a = drv.instance.requests["a"]
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     flight = drv.launch(plan, 0.01, 0.02)
     assert a.num_generated == 1 and flight.events is None
@@ -58,7 +58,7 @@ def test_serial_launch_applies_nothing_until_the_result_lands() -> None:
 def test_overlap_launch_applies_provisionally_and_land_puts_the_real_end_and_ids() -> None:
     drv, live = _running(overlap=True)
     a = drv.instance.requests["a"]
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     flight = drv.launch(plan, 0.01, 0.02)  # applied now, ending when predicted
     assert a.num_generated == 2 and a.token_times[-1] == 0.02
@@ -71,7 +71,7 @@ def test_overlap_launch_applies_provisionally_and_land_puts_the_real_end_and_ids
 
 def test_overlap_land_finishes_a_request_the_executor_stopped_early() -> None:
     drv, live = _running(overlap=True, output=5)
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     flight = drv.launch(plan, 0.01, 0.02)
     b = drv.instance.requests["b"]
@@ -84,7 +84,7 @@ def test_overlap_land_finishes_a_request_the_executor_stopped_early() -> None:
 
 def test_overlap_land_without_a_token_the_plan_expects_is_a_mismatch() -> None:
     drv, live = _running(overlap=True)
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     with pytest.raises(ResultMismatch, match="no token for b"):
         drv.land(drv.launch(plan, 0.01, 0.02), Outcome(0.03, {"a": 7}), live)
@@ -93,7 +93,7 @@ def test_overlap_land_without_a_token_the_plan_expects_is_a_mismatch() -> None:
 def test_rollback_takes_back_tokens_never_made_and_revives_a_finished_request() -> None:
     drv, live = _running(overlap=True, output=2)  # the next token is the last
     a = drv.instance.requests["a"]
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     flight = drv.launch(plan, 0.01, 0.02)
     assert a.status is RequestStatus.FINISHED and "a" not in drv.instance.requests
@@ -107,7 +107,7 @@ def test_a_simulated_overlap_flight_lands_with_the_events_of_its_launch() -> Non
     drv = InstanceDriver(make_instance("sarathi", token_budget=64), overlap=True,
                          simulated=True)
     drv.instance.add_request(req("a", 8, output=3), 0.0)
-    plan = drv.decide(0.0).plan
+    plan = drv.decide(0.0)[0]
     assert plan is not None
     flight = drv.launch(plan, 0.0, 0.5)
     assert drv.instance.requests["a"].token_times == [0.5]  # applied at launch
@@ -116,11 +116,11 @@ def test_a_simulated_overlap_flight_lands_with_the_events_of_its_launch() -> Non
 
 def test_a_restarting_sequence_waits_for_the_token_ids_still_in_flight() -> None:
     drv, _ = _running(overlap=True)
-    plan = drv.decide(0.01).plan
+    plan = drv.decide(0.01)[0]
     assert plan is not None
     drv.launch(plan, 0.01, 0.02)  # provisionally a second token, its id not back
     drv.instance.preempt_all()  # both restart at context 0
-    again = drv.decide(0.02).plan
+    again = drv.decide(0.02)[0]
     assert again is not None and drv.lacks_tokens(again)
     for r in drv.instance.requests.values():
         r.output_token_ids = [1, 2]

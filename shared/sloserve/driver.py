@@ -26,23 +26,17 @@ once (as mini-sglang's ``scheduler.py`` shares ``_schedule_next_batch`` and
 from __future__ import annotations
 
 from collections.abc import Collection, Container, Mapping
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass
 
 from sloserve.admission import Admission, refusal
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.instance import Instance, TokenEvent
 from sloserve.request import Request, RequestStatus
 
-
-class Decision(NamedTuple):
-    """What ``decide`` made: a plan to launch (None: nothing to run now), the requests
-    it took off the instance, and an empty plan's timer."""
-
-    plan: BatchPlan | None
-    offloaded: list[Request]
-    dropped: list[Request]
-    wake_at: float | None = None
+# What ``decide`` made: (plan to launch or None: nothing to run now, the requests it
+# offloaded, the requests it dropped, an empty plan's timer). A plain tuple: the
+# simulator makes one per iteration.
+Decision = tuple[BatchPlan | None, list[Request], list[Request], float | None]
 
 
 @dataclass(slots=True)
@@ -57,7 +51,7 @@ class Flight:
     end: float
     shape: BatchShape | None = None  # the simulator's, computed once for timing
     events: list[TokenEvent] | None = None
-    marks: list[Request] = field(default_factory=list)
+    marks: list[Request] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,11 +93,11 @@ class InstanceDriver:
         """The policy's plan at ``now``, applied; ``plan`` None when it has no items."""
         inst = self.instance
         if not inst.has_work:
-            return Decision(None, [], [])
+            return None, [], [], None
         plan, offloaded, dropped = inst.schedule(now)
         if plan.is_empty:
-            return Decision(None, offloaded, dropped, plan.wake_at)
-        return Decision(plan, offloaded, dropped)
+            return None, offloaded, dropped, plan.wake_at
+        return plan, offloaded, dropped, None
 
     def refusal(self, req: Request, now: float, dispatch_time: float,
                 limits: Admission | None) -> str | None:
@@ -147,7 +141,7 @@ class InstanceDriver:
                    live: Container[str] | None) -> list[TokenEvent]:
         """The real token ids and end replace the provisional ones; a request the
         executor stopped early finishes now (detached, KV blocks freed)."""
-        assert flight.events is not None
+        assert flight.events is not None and flight.marks is not None
         end, sampled, stop = outcome.end, outcome.sampled, set(outcome.stopped)
         out: list[TokenEvent] = []
         for ev, req in zip(flight.events, flight.marks, strict=True):
@@ -175,7 +169,7 @@ class InstanceDriver:
         """Undo a launch's application: the executor was lost before the result. A
         request it had finished (at ``max_tokens``) is running again, so the loss's
         ``preempt_all`` sends it back to recompute with the rest."""
-        if flight.events is None:
+        if flight.events is None or flight.marks is None:
             return
         inst = self.instance
         for ev, req in reversed(list(zip(flight.events, flight.marks, strict=True))):
@@ -187,7 +181,7 @@ class InstanceDriver:
                 req.status, req.finish_time = RequestStatus.RUNNING, None
                 inst.requests[req.request_id] = req
                 inst.running.append(req)
-        flight.events, flight.marks = None, []
+        flight.events = flight.marks = None
 
     def lacks_tokens(self, plan: BatchPlan) -> bool:
         """A sequence (re)starting at context 0 whose last token id is still in flight:
