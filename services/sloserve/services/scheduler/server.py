@@ -60,7 +60,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.instance, self.store, self.policy_name, self.executor = (
             instance, store, policy, executor)
         self.admission = admission  # None: every submission is queued
-        # plan k+1 leaves while the executor runs plan k (loop, overlap); the event
+        # plan k+1 leaves while the executor runs plan k (loop, sloserve.driver); the event
         # clock (protocol tests) runs the simulator's timeline, which has no overlap
         self.overlap = overlap and not clock.virtual
         self.driver = InstanceDriver(instance, overlap=self.overlap)  # the loop's one step
