@@ -92,7 +92,7 @@ class InstanceDriver:
     def decide(self, now: float) -> Decision:
         """The policy's plan at ``now``, applied; ``plan`` None when it has no items."""
         inst = self.instance
-        if not inst.has_work:
+        if not (inst.waiting or inst.running):  # ``has_work``, inline: once per iteration
             return None, [], [], None
         plan, offloaded, dropped = inst.schedule(now)
         if plan.is_empty:
