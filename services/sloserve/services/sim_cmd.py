@@ -9,7 +9,7 @@ from typing import Any
 
 from sloserve.admission import Admission
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
-from sloserve.policies import get_spec, policy_names
+from sloserve.policies import compared_names, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services.argtypes import positive
@@ -105,6 +105,9 @@ def add_parser(sub: Any) -> None:
     _common(cmp, compare=True)
     cmp.add_argument("--qps", type=positive(float), default=8.0,
                      help="whole-deployment rate (default near 3 A100s' capacity)")
+    cmp.add_argument("--baselines", action="store_true",
+                     help="also the baselines and references the papers compare against "
+                          "(orca, oracle), labelled; not policies a user would pick")
     cmp.set_defaults(trace="sharegpt", policy="sarathi")
 
 
@@ -179,7 +182,7 @@ def _compare(args: argparse.Namespace) -> int:
     from sloserve.sim.simulator import simulate
 
     rows, cfg = [], None
-    for policy in policy_names():
+    for policy in compared_names(baselines=args.baselines):
         spec = get_spec(policy)
         args.policy = policy
         args.hp_instances = spec.default_hp(args.instances)
@@ -200,8 +203,17 @@ def _compare(args: argparse.Namespace) -> int:
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
         cells = [r.get(c) for c in cols]
-        print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in cells))
+        line = "  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in cells)
+        print(line + (f"  ({label})" if (label := get_spec(r["policy"]).baseline) else ""))
+    print(COMPARE_LEGEND)
     return 0
+
+
+COMPARE_LEGEND = (
+    "rows: the policies to choose between (--baselines adds the papers' baselines, "
+    "labelled); goodput_share: requests meeting both SLOs (higher is better); ttft/tbt: "
+    "seconds, p50/p99 over requests or tokens; token_criterion_share: tokens on time; "
+    "docs/metrics.md")
 
 
 def _clean(x: Any) -> Any:
