@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -61,7 +61,8 @@ def live(n: int, qps: float, policy: str = "ascendra", instances: int = 3,
             [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", stack.gateway,
              "--trace", "sharegpt", "--num-requests", str(n), "--qps", str(qps), "--seed", "4",
              "--json", "--disable-tqdm"], capture_output=True, text=True, check=False)
-        entries = redis.Redis.from_url(REDIS_URL).xrange(Keys(prefix).samples)
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       redis.Redis.from_url(REDIS_URL).xrange(Keys(prefix).samples))
     bench = json.loads(r.stdout.strip().splitlines()[-1])
     truth = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0)
     pairs: dict[str, list[tuple[float, float]]] = {}

@@ -68,7 +68,7 @@ STOCK = {
 }
 POLICIES = ("vllm", "sarathi", "accelgen", "slack")  # slack: docs/beyond.md, "Our policy"
 # our arms as the stack ships (admission control on) and variants with `up` flags
-VARIANTS = {f"sloserve-{p}": (p, []) for p in POLICIES} | {
+VARIANTS: dict[str, tuple[str, list[str]]] = {f"sloserve-{p}": (p, []) for p in POLICIES} | {
     # Sarathi-Serve as the paper has it: every request queued, none shed at the door
     "sloserve-sarathi-noshed": ("sarathi", ["--no-shed-late"]),
 }

@@ -11,11 +11,11 @@ import signal
 
 import redis
 import redis.asyncio as aioredis
-from conftest import ThrowawayRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sloserve.batch import BatchSample, BatchShape
+from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.executor.backends import make_backend
 from sloserve.services.executor.server import ExecutorService
 from sloserve.services.store import Keys
