@@ -1,6 +1,6 @@
 """The executor's sample flusher survives a Redis that stops answering: the commands
 time out (``redis.exceptions.TimeoutError``, the error that once ended a ``vllm``
-executor mid-run, docs/vs-vllm.md), the samples wait in memory, and they reach the
+executor mid-run, docs/lab/vs-vllm.md), the samples wait in memory, and they reach the
 stream once Redis answers again."""
 
 from __future__ import annotations

@@ -55,15 +55,15 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--workers", type=positive(int), default=1,
                    help="processes: the instances split into this many groups, results "
                         "merged; only where exact (round-robin routing, no HP, no policy "
-                        "reading the online perf model: docs/beyond.md), else refused")
+                        "reading the online perf model: docs/lab/beyond.md), else refused")
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
     p.add_argument("--overhead-profile", default=None, metavar="FILE",
                    help="the live stack's measured gap between batches as part of the ground "
-                        "truth (`sloserve bench --overhead-out FILE`; docs/live-stack.md)")
+                        "truth (`sloserve bench --overhead-out FILE`; docs/lab/live-stack.md)")
     p.add_argument("--overlap", action="store_true",
                    help="model the live scheduler's overlap scheduling (its default): plan k+1 "
-                        "is decided when plan k starts, with k applied (docs/live-stack.md)")
+                        "is decided when plan k starts, with k applied (docs/lab/live-stack.md)")
     p.add_argument("--refit-interval", type=positive(float), default=None, metavar="S",
                    help="refit the online perf model every S seconds of simulated time when "
                         "batches came, as the live perf-model service does (`up`: 1 s); "
@@ -71,7 +71,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--controller-lag", action="store_true",
                    help="with --overhead-profile: each instance's report (first tokens, queue "
                         "state) reaches the controller after the gateway's measured delivery "
-                        "lag, as live (HP tickets freed later; docs/live-stack.md)")
+                        "lag, as live (HP tickets freed later; docs/lab/live-stack.md)")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")

@@ -1,4 +1,4 @@
-"""``slack``: one policy from what the seed papers each use alone (docs/beyond.md, "Our
+"""``slack``: one policy from what the seed papers each use alone (docs/lab/beyond.md, "Our
 policy", has each rule with its paper section, its knob and what was measured).
 
 Each iteration, for one instance:

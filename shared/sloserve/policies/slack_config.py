@@ -1,5 +1,5 @@
 """``slack``'s knobs (``SlackConfig``): what each one does and why its default is what it
-is are in docs/beyond.md, "Our policy" (knob defaults). Two former knobs that no grid
+is are in docs/lab/beyond.md, "Our policy" (knob defaults). Two former knobs that no grid
 run moved from their defaults (issue 32) are constants: ``slack.SMITH_MARGIN`` and
 ``slack_stall.ALONE_MARGIN``."""
 
@@ -47,17 +47,17 @@ class SlackConfig(PolicyConfig):
     late_yield: bool = knob(
         True, "slack: deferred decodes sit out an iteration that carries on-time prefill "
         "work (their KV stays), unless their next token is due before the next iteration "
-        "could serve it (docs/beyond.md, the background lane)")
+        "could serve it (docs/lab/beyond.md, the background lane)")
     late_in_budget: bool = knob(
         False, "slack: deferred requests' decodes set the TBT budget too (they missed their "
         "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
         "TBT P99 and passes `tail` on AccelGen's mix, at a cost in goodput under load "
-        "(docs/beyond.md, the background lane)")
+        "(docs/lab/beyond.md, the background lane)")
     late_bound: str = knob(
         "idle", "slack: deferred decodes narrow the TBT budget too, unless the first "
         "on-time prompt would then miss its TTFT: 'idle' only when no on-time decode sets "
         "it (else a whole prompt stretches their gaps), 'always' also beside on-time "
-        "decodes, 'off' never (docs/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
+        "decodes, 'off' never (docs/lab/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
     stall_share: float = knob(
         0.005, "slack: when the first queued prompt would miss its TTFT in chunks of the "
         "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "

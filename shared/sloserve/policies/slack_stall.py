@@ -1,4 +1,4 @@
-"""``slack``'s stall that saves a request (docs/beyond.md, "Our policy", "A stall that
+"""``slack``'s stall that saves a request (docs/lab/beyond.md, "Our policy", "A stall that
 saves a request" and "A tight prompt alone"): vLLM's prefill-first iteration — a whole
 prompt beside the decodes, or alone while they wait — taken only where the TBT budget's
 chunks, or the decodes beside it, would cost the prompt its TTFT, and only as often as
