@@ -210,10 +210,12 @@ def _compare(args: argparse.Namespace) -> int:
 
 
 COMPARE_LEGEND = (
-    "rows: the policies to choose between (--baselines adds the papers' baselines, "
-    "labelled); goodput_share: requests meeting both SLOs (higher is better); ttft/tbt: "
-    "seconds, p50/p99 over requests or tokens; token_criterion_share: tokens on time; "
-    "docs/metrics.md")
+    "legend: rows are the policies to choose between (--baselines adds the papers' "
+    "baselines, labelled); goodput_share = requests meeting every SLO (the figure to "
+    "compare); ttft_* = time to first token, s; tbt_token_p99 = P99 gap between tokens, s; "
+    "mean_tbt_p99 = P99 of each request's mean gap, s; token_criterion_share = tokens on "
+    "time; throughput_tok_s = tokens/s; sim_wall_s = the simulator's own time "
+    "(docs/simulate.md)")
 
 
 def _clean(x: Any) -> Any:

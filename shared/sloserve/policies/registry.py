@@ -77,9 +77,9 @@ _SPECS: dict[str, PolicySpec] = {
                    MappingProxyType({"lp": AscendraLPPolicy, "hp": AscendraHPPolicy}), hp_share=3),
         PolicySpec("accelgen", AccelGenConfig, MappingProxyType({"lp": AccelGenPolicy})),
         PolicySpec("orca", OrcaConfig, MappingProxyType({"lp": OrcaPolicy}),
-                   baseline="baseline: Orca, whole prompts, 8 per batch (AccelGen §6.1)"),
+                   baseline="baseline: Orca, whole prompts, 8 per batch; AccelGen §6.1"),
         PolicySpec("oracle", OracleConfig, MappingProxyType({"lp": OraclePolicy}),
-                   baseline="reference: knows output lengths, SRPT (AccelGen §6.1's stand-in)"),
+                   baseline="reference: SRPT on the true output lengths; AccelGen §6.1"),
         PolicySpec("slack", SlackConfig, MappingProxyType({"lp": SlackPolicy})),
     )
 }
