@@ -132,3 +132,12 @@ def test_the_core_never_imports_the_shells() -> None:
     assert bad == []
     assert _SHELL.search("    from sloserve.services.stack import Stack")
     assert not _SHELL.search("from sloserve.sim.config import SimConfig")
+
+
+def test_no_module_name_is_in_both_roots() -> None:
+    """``sloserve.X`` is under ``services/`` for the shells, the SDK and the wire code and
+    under ``shared/`` otherwise; never both (docs/architecture.md)."""
+    names = [{p.name.removesuffix(".py") for p in (ROOT / top / "sloserve").iterdir()
+              if not p.name.startswith(("_", "."))} for top in ("shared", "services")]
+    assert names[1] == {"services", "client", "v1"}
+    assert names[0] & names[1] == set()
