@@ -46,7 +46,9 @@ def main() -> None:
             gw = gateway_grpc.GatewayStub(ch)
             for label, md in (("none", ()), ("wrong", (("authorization", "Bearer bad"),)),
                               ("valid_2tok", (("authorization", "Bearer good-key"),))):
-                out[f"gateway_{label}_ms"] = _ms(lambda md=md: list(gw.Generate(req, metadata=md)))
+                def generate(md: tuple[tuple[str, str], ...] = md) -> object:
+                    return list(gw.Generate(req, metadata=md))
+                out[f"gateway_{label}_ms"] = _ms(generate)
         hello = scheduler_pb2.SchedulerInput(hello=scheduler_pb2.Hello(gateway_id="rogue"))
         with grpc.insecure_channel(st.services["scheduler-lp0"].address) as ch:
             s = scheduler_grpc.SchedulerStub(ch)

@@ -14,7 +14,7 @@ model learns from) against the ground truth's noiseless time for its shape: per 
 ratio's mean and median, sum over sum, and the excess in ms. ``sim``: the live-vs-sim
 table's best predictor (calibration profile, refit every 1 s, median of 16 noise draws)
 at LOAD x 9.5 req/s, with every ground-truth batch time x SCALE, to see what an overrun
-of that size moves. Results: docs/live-stack.md, "The sim backend's batches overrun".
+of that size moves. Results: docs/lab/live-stack.md, "The sim backend's batches overrun".
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
-CAPACITY = 9.5  # Ascendra 2L1H, ShareGPT, 600 requests, seed 4 (docs/live-stack.md)
+CAPACITY = 9.5  # Ascendra 2L1H, ShareGPT, 600 requests, seed 4 (docs/lab/live-stack.md)
 CALIBRATION = (ROOT / "docs/results/live_vs_sim_n600_replay_fasthost"
                / "ascendra-calibration.profile.json")
 KEYS = ("ttft_p50", "ttft_p99", "tbt_p50", "tbt_p99")
@@ -61,7 +61,8 @@ def live(n: int, qps: float, policy: str = "ascendra", instances: int = 3,
             [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", stack.gateway,
              "--trace", "sharegpt", "--num-requests", str(n), "--qps", str(qps), "--seed", "4",
              "--json", "--disable-tqdm"], capture_output=True, text=True, check=False)
-        entries = redis.Redis.from_url(REDIS_URL).xrange(Keys(prefix).samples)
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]],
+                       redis.Redis.from_url(REDIS_URL).xrange(Keys(prefix).samples))
     bench = json.loads(r.stdout.strip().splitlines()[-1])
     truth = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0)
     pairs: dict[str, list[tuple[float, float]]] = {}

@@ -17,7 +17,7 @@ Ours is ``slack`` with its defaults (``late='triage'``); ``--variants
 defer,drop,serve`` adds ``slack-<mode>`` (``late=<mode>``) for comparison, never
 counted as ours.
 
-Criteria (docs/beyond.md "How the cells are judged"):
+Criteria (docs/lab/beyond.md "How the cells are judged"):
 
 * ``goodput``: goodput share >= 0.9 on the uniform cells; on the heterogeneous
   cells >= 0.9 x the *feasible share* (requests whose TTFT SLO covers their
@@ -328,7 +328,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--resume", action="store_true",
                     help="keep the setups already in --out and run only the others")
     ap.add_argument("--out", default="docs/results/beyond_capacity.json")
-    add_policy_flags(ap)  # slack's knobs for ours (docs/beyond.md: --late-in-budget)
+    add_policy_flags(ap)  # slack's knobs for ours (docs/lab/beyond.md: --late-in-budget)
     return ap
 
 

@@ -1,6 +1,6 @@
 """Where Ascendra 2L1H's arrivals go, live vs simulated: route, ticket (to the HP) and offload.
 
-A diagnostic for issue 14's open Ascendra cell (docs/live-stack.md, "The perf model's
+A diagnostic for issue 14's open Ascendra cell (docs/lab/live-stack.md, "The perf model's
 refit clock"): the live LP instances offload more than the simulation. For each load it
 runs one live stack (`up`-equivalent, real Redis, the gateway's decision log on) with the
 workload of ``live_vs_sim.py --num-requests 600`` (ShareGPT, seed 4, capacity 9.5 req/s),

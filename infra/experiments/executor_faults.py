@@ -1,5 +1,6 @@
 """Issue 11, item 3: an executor SIGSTOPped or SIGKILLed, or a scheduler SIGKILLed, under
-50 streams on 2 instances (``run_fault`` of ``tests/services/test_executor_faults.py``).
+50 streams on 2 instances (``sloserve.services.drills.faults.run_fault``, as
+``tests/services/test_executor_faults.py`` runs it).
 
 Usage: PYTHONPATH=shared:services python infra/experiments/executor_faults.py
        stop|kill|kill-scheduler HOLD_SECONDS
@@ -16,10 +17,8 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "services"))
 
-from test_executor_faults import HEALTHY, LOST, run_fault  # noqa: E402
-
+from sloserve.services.drills.faults import HEALTHY, LOST, run_fault  # noqa: E402
 from sloserve.services.executor.backends import pseudo_token  # noqa: E402
 from sloserve.services.stack import Stack, StackConfig  # noqa: E402
 from sloserve.services.store import free_port  # noqa: E402

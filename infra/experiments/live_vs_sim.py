@@ -2,7 +2,7 @@
 
 Two deployments (sarathi, one instance; ascendra 2L1H = ``up --policy ascendra
 --instances 3 --hp-instances 1``) x three loads = six runs, four latency metrics
-each (TTFT and TBT P50/P99): the twelve-row table of ``docs/live-stack.md``.
+each (TTFT and TBT P50/P99): the twelve-row table of ``docs/lab/live-stack.md``.
 
 Workload: ShareGPT, llama-3-8b on the a100 sim ground truth, 200 requests, seed 4
 (the issue's measurement). Capacity: ``sloserve capacity`` for the same

@@ -1,5 +1,6 @@
-"""Issue 11, item 4: a live stack at 3x capacity (``run_overload`` of
-``tests/services/test_overload.py``: sim backend slowed 4x, sarathi, one instance).
+"""Issue 11, item 4: a live stack at 3x capacity
+(``sloserve.services.drills.overload.run_overload``, as ``tests/services/test_overload.py``
+runs it: sim backend slowed 4x, sarathi, one instance).
 
 Usage: PYTHONPATH=shared:services python infra/experiments/overload_3x.py SECONDS [OUT.json]
 (docs/results/overload_3x_120s.json: ``120``; Redis at $REDIS_URL.)
@@ -13,10 +14,7 @@ import sys
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "services"))
-
-from test_overload import STACK, run_overload  # noqa: E402
-
+from sloserve.services.drills.overload import STACK, run_overload  # noqa: E402
 from sloserve.services.stack import Stack, StackConfig  # noqa: E402
 from sloserve.services.store import free_port  # noqa: E402
 

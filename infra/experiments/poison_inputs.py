@@ -1,9 +1,11 @@
 """Issue 11 acceptance: the poison inputs on a live stack (sim backend, `sarathi`,
 ``time_scale`` 2) while a normal 300-token stream runs: each poison's time to its status
 through a gRPC client (``rounds`` times), the oversized ones at the frame level
-(``tests/services/raw_h2.py``: the gateway's own reaction), the normal stream's gaps as
+(``services/sloserve/services/drills/h2.py``: the gateway's own reaction), the normal
+stream's gaps as
 the gateway sent them, and the gateway's RSS before, right after and 2 s after
-(``run_poison`` of ``tests/services/test_input_limits.py``).
+(``sloserve.services.drills.poison.run_poison``, as ``tests/services/test_input_limits.py``
+runs it).
 
 Usage: PYTHONPATH=shared:services python infra/experiments/poison_inputs.py [ROUNDS]
        > docs/results/poison_inputs.json   (Redis at $REDIS_URL)
@@ -19,12 +21,11 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "services"))
 sys.path.insert(0, str(ROOT / "infra" / "experiments"))
 
 from redis_outage import port_in  # noqa: E402
-from test_input_limits import run_poison  # noqa: E402
 
+from sloserve.services.drills.poison import run_poison  # noqa: E402
 from sloserve.services.stack import Stack, StackConfig  # noqa: E402
 
 

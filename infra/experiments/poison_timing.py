@@ -8,7 +8,8 @@ before parsing (INVALID_ARGUMENT). For each message size it reports
 * ``client``: a gRPC Python client sending the raw bytes, time to the status (min,
   median, max over RUNS); it includes the client copying the message into gRPC's buffer
   before the first byte leaves;
-* ``server``: a frame-level client (``tests/services/raw_h2.py``) that declares the size
+* ``server``: a frame-level client (``services/sloserve/services/drills/h2.py``) that declares
+  the size
   in the gRPC length prefix, sends one 16 KB frame and times the answer, i.e. how long
   the server takes once the message starts (only for variants that refuse at the prefix);
 * ``lag``: the worst lateness of a 1 ms ticker on the server's event loop while the
@@ -33,9 +34,8 @@ from typing import Any
 import grpc
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "services"))
 
-from raw_h2 import send_oversized  # noqa: E402
+from sloserve.services.drills.h2 import send_oversized  # noqa: E402
 
 MiB = 1 << 20
 SIZES = (4 * MiB - 64, 5 * MiB, 17 * MiB, 32 * MiB, 64 * MiB - 64)

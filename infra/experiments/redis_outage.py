@@ -34,12 +34,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "services"))
 
 import redis  # noqa: E402
-from conftest import ThrowawayRedis  # noqa: E402
 
 from sloserve.client import Chunk, Client  # noqa: E402
+from sloserve.services.drills.redis_server import ThrowawayRedis  # noqa: E402
 from sloserve.services.executor.backends import pseudo_token  # noqa: E402
 from sloserve.services.store import Keys  # noqa: E402
 

@@ -147,7 +147,9 @@ class LiveStack:
 
     def status(self) -> scheduler_pb2.SchedulerStatus:
         with grpc.insecure_channel(self.addresses["scheduler-lp0"]) as ch:
-            return scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest())
+            status: scheduler_pb2.SchedulerStatus = scheduler_grpc.SchedulerStub(ch).Status(
+                scheduler_pb2.StatusRequest())
+            return status
 
     def run_samples(self) -> list[Any]:
         """Executed batches appended to the samples stream since the last call."""

@@ -36,7 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = ROOT / "infra/experiments/data"
@@ -83,8 +83,8 @@ def batch_ratios(args: argparse.Namespace, since: str) -> tuple[dict[str, Any], 
     from sloserve.services.store import Keys
 
     truth = MeasuredTiming.from_file(args.profile, noise_cv=0.0)
-    entries = redis.Redis.from_url(REDIS_URL).xrange(Keys(args.prefix).samples,
-                                                       min=f"({since}" if since else "-")
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], redis.Redis.from_url(REDIS_URL).xrange(
+        Keys(args.prefix).samples, min=f"({since}" if since else "-"))
     by_src: dict[str, list[tuple[float, float]]] = {}
     for _, fields in entries:
         sample = decode(fields)

@@ -1,4 +1,4 @@
-"""Stock ``vllm serve`` vs ``sloserve up --backend vllm``, side by side (docs/vs-vllm.md).
+"""Stock ``vllm serve`` vs ``sloserve up --backend vllm``, side by side (docs/lab/vs-vllm.md).
 
 One model (SmolLM2-135M-Instruct, the directory ``sloserve model prepare
 smollm2-135m`` writes), one CPU, one workload for every arm: Poisson arrivals
@@ -66,9 +66,9 @@ STOCK = {
     "vllm-serve-sarathi": ["--enable-chunked-prefill", "--max-num-batched-tokens", "{budget}",
                            "--max-num-seqs", "{budget}"],
 }
-POLICIES = ("vllm", "sarathi", "accelgen", "slack")  # slack: docs/beyond.md, "Our policy"
+POLICIES = ("vllm", "sarathi", "accelgen", "slack")  # slack: docs/lab/beyond.md, "Our policy"
 # our arms as the stack ships (admission control on) and variants with `up` flags
-VARIANTS = {f"sloserve-{p}": (p, []) for p in POLICIES} | {
+VARIANTS: dict[str, tuple[str, list[str]]] = {f"sloserve-{p}": (p, []) for p in POLICIES} | {
     # Sarathi-Serve as the paper has it: every request queued, none shed at the door
     "sloserve-sarathi-noshed": ("sarathi", ["--no-shed-late"]),
 }

@@ -23,15 +23,21 @@ def _exists(path: str, family: bool) -> bool:
     return (ROOT / path.rstrip("/")).exists()
 
 
+def _docs() -> list[Path]:
+    """The README, the user guide (``docs/``) and the lab notebooks (``docs/lab/``)."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+            *sorted((ROOT / "docs" / "lab").glob("*.md"))]
+
+
 def test_readme_and_docs_cite_only_files_in_the_repo() -> None:
-    docs = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    docs = _docs()
     missing = [f"{d.relative_to(ROOT)}: {p}" for d in docs
                for p, family in _cited(d.read_text()) if not _exists(p, family)]
     assert missing == []
 
 
 def test_no_doc_points_outside_the_repo_for_the_design_or_the_papers() -> None:
-    for d in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+    for d in _docs():
         text = "\n".join(line for line in d.read_text().splitlines()
                          if not line.startswith("<!--"))  # design.md's provenance note
         assert "DESIGN.md" not in text, d
@@ -42,3 +48,14 @@ def test_a_missing_path_is_caught() -> None:
     assert not _exists("docs/no-such-file.md", False)
     assert _exists("docs/results/ascendra_2l1h_9rps_", True)
     assert _cited("see `docs/design.md`.") == [("docs/design.md", False)]
+
+
+_LINK = re.compile(r"\]\((?!https?:|mailto:|#)([^)#\s]+)")
+
+
+def test_relative_links_resolve_from_where_each_doc_sits() -> None:
+    """A Markdown link or image relative to its doc (``](../results/x.png)``) names a file,
+    so a doc moved into ``docs/lab/`` keeps its pictures (issue 32)."""
+    broken = [f"{d.relative_to(ROOT)}: {m.group(1)}" for d in _docs()
+              for m in _LINK.finditer(d.read_text()) if not (d.parent / m.group(1)).exists()]
+    assert broken == []

@@ -1,6 +1,6 @@
 """``slack``: TBT-slack token budget; deadline order with Moore-Hodgson and Smith's rule;
 requests that cannot make their TTFT deferred to a background lane, dropped or served
-(docs/beyond.md, "Our policy")."""
+(docs/lab/beyond.md, "Our policy")."""
 
 from __future__ import annotations
 

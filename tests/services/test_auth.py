@@ -14,10 +14,10 @@ from pathlib import Path
 import grpc
 import pytest
 import redis
-from conftest import ThrowawayRedis
 
 from sloserve.client import Client, Unauthenticated
 from sloserve.services.auth import load_api_keys
+from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.proto import (
     executor_grpc,
     executor_pb2,

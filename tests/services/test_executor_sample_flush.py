@@ -1,6 +1,6 @@
 """The executor's sample flusher survives a Redis that stops answering: the commands
 time out (``redis.exceptions.TimeoutError``, the error that once ended a ``vllm``
-executor mid-run, docs/vs-vllm.md), the samples wait in memory, and they reach the
+executor mid-run, docs/lab/vs-vllm.md), the samples wait in memory, and they reach the
 stream once Redis answers again."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import signal
 
 import redis
 import redis.asyncio as aioredis
-from conftest import ThrowawayRedis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from sloserve.batch import BatchSample, BatchShape
+from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.executor.backends import make_backend
 from sloserve.services.executor.server import ExecutorService
 from sloserve.services.store import Keys

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import redis
-from conftest import ThrowawayRedis
 
 from sloserve.client import Chunk, Client
+from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.executor.backends import pseudo_token
 from sloserve.services.stack import Stack
 from sloserve.services.store import Keys

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from conftest import ThrowawayRedis
-
+from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.proto import common_pb2
 from sloserve.services.redisconn import connect
 from sloserve.services.scheduler.state import RequestStore

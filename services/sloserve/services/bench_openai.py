@@ -1,6 +1,6 @@
 """``sloserve bench --endpoint openai``: replay a workload against an OpenAI-compatible server.
 
-This is how stock ``vllm serve`` runs as the peer (docs/vs-vllm.md). The
+This is how stock ``vllm serve`` runs as the peer (docs/lab/vs-vllm.md). The
 workload is the one ``bench`` sends to our gateway (same trace, seed, Poisson
 arrivals, SLOs, prompt token ids); the result goes through the same
 ``bench_cmd.result`` (``summarize``'s and vllm bench serve's metrics), so the JSON

@@ -235,7 +235,7 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
         "live_overhead_p50_ms": [st.overhead_p50_s * 1e3 for st in sts],
         "live_iterations": sum(st.iterations for st in sts),
         "sim_iterations": sim["iterations"],
-        # Ascendra's LP -> HP offloads: a threshold decision (docs/live-stack.md)
+        # Ascendra's LP -> HP offloads: a threshold decision (docs/lab/live-stack.md)
         "live_offloads": live.get("offloads"), "sim_offloads": sim.get("offloads"),
         "overlap": [st.overlap for st in sts],
         "load_avg_1m": os.getloadavg()[0],

@@ -185,23 +185,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--clock: cpu time does not measure CUDA kernels; use --clock wall")
     clock = time.perf_counter if clock_name == "wall" else time.process_time
     max_tokens = args.max_tokens or (4096 if cuda else 512)
-    engine: _Engine
-    if args.backend == VLLM:
-        from sloserve.services.executor.vllm_profile import VllmProfiled
-
-        dtype = args.dtype or "bfloat16"
-        engine = VllmProfiled(args.model, args.weights, dtype, args.seed, args.threads,
-                              max_num_batched_tokens=max(max_tokens, 2048),
-                              enforce_eager=args.enforce_eager)
-    else:
-        from sloserve.model.engine import TorchEngine
-
-        if args.threads or not cuda:
-            torch.set_num_threads(args.threads or 1)
-        dtype = args.dtype or ("bfloat16" if cuda else "float32")
-        engine = _TorchProfiled(TorchEngine(
-            args.model, weights=args.weights, device=args.device, dtype=dtype, seed=args.seed,
-            max_num_batched_tokens=max_tokens))
+    engine, dtype = _engine(args, cuda, max_tokens)
     max_context = min(args.max_context or (4096 if cuda else 1024),
                       engine.perf_shape.max_context - 1)
     capacity = engine.num_blocks * engine.block_size
@@ -215,12 +199,7 @@ def run(args: argparse.Namespace) -> int:
     for shape in shapes[:: max(1, len(shapes) // 8)]:  # warm-up: allocator, kernels, caches
         engine.profile_batch(shape, clock)
     rng = random.Random(args.seed)
-    best = [math.inf] * len(shapes)
-    for _ in range(args.repeats):  # rounds in shuffled order: a busy spell hits no shape twice
-        order = list(range(len(shapes)))
-        rng.shuffle(order)
-        for i in order:
-            best[i] = min(best[i], engine.profile_batch(shapes[i], clock))
+    best = _best_times(engine, shapes, clock, args.repeats, rng)
     samples = [BatchSample(s, t) for s, t in zip(shapes, best)]
     order = list(range(len(samples)))
     rng.shuffle(order)
@@ -247,8 +226,54 @@ def run(args: argparse.Namespace) -> int:
         "decode8_tokens_per_s": 8 / decode8_time,
         "samples_file": None,
     }
+    _report(args, result, samples, hw, engine.name, dtype, clock_name)
+    return 0
+
+
+def _engine(args: argparse.Namespace, cuda: bool, max_tokens: int) -> tuple[_Engine, str]:
+    """The engine to profile (vLLM's or ours) and its dtype."""
+    import torch
+
+    engine: _Engine
+    if args.backend == VLLM:
+        from sloserve.services.executor.vllm_profile import VllmProfiled
+
+        dtype = args.dtype or "bfloat16"
+        engine = VllmProfiled(args.model, args.weights, dtype, args.seed, args.threads,
+                              max_num_batched_tokens=max(max_tokens, 2048),
+                              enforce_eager=args.enforce_eager)
+    else:
+        from sloserve.model.engine import TorchEngine
+
+        if args.threads or not cuda:
+            torch.set_num_threads(args.threads or 1)
+        dtype = args.dtype or ("bfloat16" if cuda else "float32")
+        engine = _TorchProfiled(TorchEngine(
+            args.model, weights=args.weights, device=args.device, dtype=dtype, seed=args.seed,
+            max_num_batched_tokens=max_tokens))
+    return engine, dtype
+
+
+def _best_times(engine: _Engine, shapes: list[BatchShape], clock: Callable[[], float],
+                repeats: int, rng: random.Random) -> list[float]:
+    """Each shape's fastest of ``repeats`` runs, the rounds in shuffled order: a busy
+    spell hits no shape twice."""
+    best = [math.inf] * len(shapes)
+    for _ in range(repeats):
+        order = list(range(len(shapes)))
+        rng.shuffle(order)
+        for i in order:
+            best[i] = min(best[i], engine.profile_batch(shapes[i], clock))
+    return best
+
+
+def _report(args: argparse.Namespace, result: dict[str, Any], samples: list[BatchSample],
+            hw: Hardware, name: str, dtype: str, clock_name: str) -> None:
+    """Save the samples (``--out``) and print the result (``--json`` or one line a key)."""
+    import torch
+
     if args.out:
-        save_samples(args.out, samples, hw, model=engine.name, device=args.device,
+        save_samples(args.out, samples, hw, model=name, device=args.device,
                      dtype=dtype, threads=torch.get_num_threads(), clock=clock_name,
                      backend=args.backend)
         result["samples_file"] = args.out
@@ -257,4 +282,3 @@ def run(args: argparse.Namespace) -> int:
     else:
         for key, value in result.items():
             print(f"{key}: {value}")
-    return 0

@@ -9,7 +9,7 @@ from typing import Any
 
 from sloserve.admission import Admission
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
-from sloserve.policies import get_spec, policy_names
+from sloserve.policies import compared_names, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services.argtypes import positive
@@ -55,15 +55,15 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--workers", type=positive(int), default=1,
                    help="processes: the instances split into this many groups, results "
                         "merged; only where exact (round-robin routing, no HP, no policy "
-                        "reading the online perf model: docs/beyond.md), else refused")
+                        "reading the online perf model: docs/lab/beyond.md), else refused")
     p.add_argument("--timing-profile", default=None,
                    help="ground truth from `sloserve profile --out FILE` samples")
     p.add_argument("--overhead-profile", default=None, metavar="FILE",
                    help="the live stack's measured gap between batches as part of the ground "
-                        "truth (`sloserve bench --overhead-out FILE`; docs/live-stack.md)")
+                        "truth (`sloserve bench --overhead-out FILE`; docs/lab/live-stack.md)")
     p.add_argument("--overlap", action="store_true",
                    help="model the live scheduler's overlap scheduling (its default): plan k+1 "
-                        "is decided when plan k starts, with k applied (docs/live-stack.md)")
+                        "is decided when plan k starts, with k applied (docs/lab/live-stack.md)")
     p.add_argument("--refit-interval", type=positive(float), default=None, metavar="S",
                    help="refit the online perf model every S seconds of simulated time when "
                         "batches came, as the live perf-model service does (`up`: 1 s); "
@@ -71,7 +71,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--controller-lag", action="store_true",
                    help="with --overhead-profile: each instance's report (first tokens, queue "
                         "state) reaches the controller after the gateway's measured delivery "
-                        "lag, as live (HP tickets freed later; docs/live-stack.md)")
+                        "lag, as live (HP tickets freed later; docs/lab/live-stack.md)")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
@@ -105,6 +105,9 @@ def add_parser(sub: Any) -> None:
     _common(cmp, compare=True)
     cmp.add_argument("--qps", type=positive(float), default=8.0,
                      help="whole-deployment rate (default near 3 A100s' capacity)")
+    cmp.add_argument("--baselines", action="store_true",
+                     help="also the baselines and references the papers compare against "
+                          "(orca, oracle), labelled; not policies a user would pick")
     cmp.set_defaults(trace="sharegpt", policy="sarathi")
 
 
@@ -179,7 +182,7 @@ def _compare(args: argparse.Namespace) -> int:
     from sloserve.sim.simulator import simulate
 
     rows, cfg = [], None
-    for policy in policy_names():
+    for policy in compared_names(baselines=args.baselines):
         spec = get_spec(policy)
         args.policy = policy
         args.hp_instances = spec.default_hp(args.instances)
@@ -200,8 +203,19 @@ def _compare(args: argparse.Namespace) -> int:
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
         cells = [r.get(c) for c in cols]
-        print("  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in cells))
+        line = "  ".join(f"{v:>14.4g}" if isinstance(v, float) else f"{v!s:>14}" for v in cells)
+        print(line + (f"  ({label})" if (label := get_spec(r["policy"]).baseline) else ""))
+    print(COMPARE_LEGEND)
     return 0
+
+
+COMPARE_LEGEND = (
+    "legend: rows are the policies to choose between (--baselines adds the papers' "
+    "baselines, labelled); goodput_share = requests meeting every SLO (the figure to "
+    "compare); ttft_* = time to first token, s; tbt_token_p99 = P99 gap between tokens, s; "
+    "mean_tbt_p99 = P99 of each request's mean gap, s; token_criterion_share = tokens on "
+    "time; throughput_tok_s = tokens/s; sim_wall_s = the simulator's own time "
+    "(docs/simulate.md)")
 
 
 def _clean(x: Any) -> Any:

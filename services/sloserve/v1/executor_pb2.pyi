@@ -200,7 +200,7 @@ class IterationResult(_message.Message):
     @_builtins.property
     def skipped(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Items skipped: their request had stopped (EOS, stop id) in an earlier batch,
-        which an overlapped plan could not know yet (docs/live-stack.md, overlap).
+        which an overlapped plan could not know yet (docs/lab/live-stack.md, overlap).
         """
 
     def __init__(

@@ -151,27 +151,39 @@ class AccelGenPolicy(Policy):
         q.key_pending(lambda r: now + self._remaining(r, now))
         if len(q) != len(view.waiting):
             q.rebuild(view.waiting, lambda r: now + self._remaining(r, now))
-
-        # §4.2: SLO_min over the iteration SLOs (TBT) of the requests in the batch: the
-        # running ones. A TTFT spans all of a prompt's chunks, so it is no iteration bound.
-        slos = [s for r in view.running if (s := r.slo.tbt) is not None]
         decodes = [r for r in view.running if r.is_decode]
-        s_pf = self.s_pf
-        t_pf = view.perf_model.predict(pivot_batch(s_pf, decodes))
-        s_b = dynamic_token_budget(
-            s_pf, min(slos, default=None), t_pf, cfg.min_token_budget, cfg.max_token_budget
-        )
-        self.token_budget, self.t_max = s_b, t_pf * s_b / s_pf
-
+        s_b = self._budget(view, decodes)
         b = BatchBuilder(view, max(s_b, len(decodes)), cfg.max_num_seqs)
         self._running = view.running
         self._add_decodes(b, view.running, decodes, now)
         prefills = [r for r in view.running if r.in_prefill and not b.removed(r)]
         self._long_busy = any(self._is_long(r) for r in prefills)
         self._popped = []
+        self._admit_urgent(b, prefills, now)
+        for req in prefills:  # chunking resumes where it stopped (§4.2)
+            if not b.contains(req):
+                self._add_prefill(b, req)
+        self._select(b, now)  # Algorithm 1 lines 5-7
+        return self._close(b, view, now)
 
-        # Algorithm 1 line 1, U -> B: urgent ongoing and waiting requests, ascending T_r
-        # (a waiting one that finds no KV blocks the rest: it is the most urgent, §4.3)
+    def _budget(self, view: InstanceView, decodes: list[Request]) -> int:
+        """§4.2 Eq. 6: ``S_b = S_pf x SLO_min / T_pf``, SLO_min over the iteration SLOs (TBT)
+        of the requests in the batch: the running ones (a TTFT spans all of a prompt's
+        chunks, so it is no iteration bound). Sets ``token_budget`` and ``t_max``."""
+        cfg, s_pf = self.config, self.s_pf
+        assert s_pf is not None
+        slos = [s for r in view.running if (s := r.slo.tbt) is not None]
+        t_pf = view.perf_model.predict(pivot_batch(s_pf, decodes))
+        s_b = dynamic_token_budget(
+            s_pf, min(slos, default=None), t_pf, cfg.min_token_budget, cfg.max_token_budget
+        )
+        self.token_budget, self.t_max = s_b, t_pf * s_b / s_pf
+        return s_b
+
+    def _admit_urgent(self, b: BatchBuilder, prefills: list[Request], now: float) -> None:
+        """Algorithm 1 line 1, U -> B: urgent ongoing and waiting requests, ascending T_r
+        (a waiting one that finds no KV blocks the rest: it is the most urgent, §4.3)."""
+        q = self.queue
         urgent = [(t_r, r) for r in prefills if (t_r := self._remaining(r, now)) <= self.t_max]
         urgent.sort(key=lambda x: x[0], reverse=True)
         while self._slot(b) and (e := q.peek()) and e.latest_start - now <= self.t_max:
@@ -188,11 +200,11 @@ class AccelGenPolicy(Policy):
                 break
         for _, req in reversed(urgent):
             self._add_prefill(b, req)
-        for req in prefills:  # chunking resumes where it stopped (§4.2)
-            if not b.contains(req):
-                self._add_prefill(b, req)
-        self._select(b, now)  # Algorithm 1 lines 5-7
 
+    def _close(self, b: BatchBuilder, view: InstanceView, now: float) -> BatchPlan:
+        """The plan; the popped requests left out go back to the queue, the preempted ones
+        are announced again, and each batched JCT request's clock starts an iteration."""
+        q = self.queue
         plan = b.build()
         batched = {i.request_id for i in plan.items}
         q.restore(e for e in self._popped if e.req.request_id not in batched)

@@ -10,7 +10,7 @@ import math
 import types
 import typing
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import partial
 from itertools import repeat
@@ -53,6 +53,27 @@ def knob_types(cls: type[PolicyConfig]) -> dict[str, Any]:
     return hints
 
 
+def _of_kind(value: Any, kinds: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of the knob's types (a bool is no int; an int is a float)."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return ((int in kinds and isinstance(value, int))
+            or (float in kinds and isinstance(value, (int, float)))
+            or (str in kinds and isinstance(value, str)))
+
+
+def _check_bounds(name: str, value: Any, meta: Mapping[str, Any]) -> None:
+    """The knob's declared rule (``knob``'s ``choices``, ``min``, ``max``)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name}: must be finite, got {value}")
+    if "choices" in meta and value not in meta["choices"]:
+        raise ValueError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
+    if "min" in meta and value < meta["min"]:
+        raise ValueError(f"{name}: must be >= {meta['min']}, got {value}")
+    if "max" in meta and value > meta["max"]:
+        raise ValueError(f"{name}: must be <= {meta['max']}, got {value}")
+
+
 def _check_knob(f: Field[Any], value: Any, hint: Any) -> Any:
     """``value`` if it is valid for knob ``f`` (an int given for a float knob becomes a float);
     else ``ValueError`` naming the field."""
@@ -62,24 +83,10 @@ def _check_knob(f: Field[Any], value: Any, hint: Any) -> Any:
         if type(None) not in kinds:
             raise ValueError(f"{name}: must be set, got None")
         return value
-    ok = (
-        (bool in kinds and isinstance(value, bool))
-        or (int in kinds and isinstance(value, int) and not isinstance(value, bool))
-        or (float in kinds and isinstance(value, (int, float)) and not isinstance(value, bool))
-        or (str in kinds and isinstance(value, str))
-    )
-    if not ok:
+    if not _of_kind(value, kinds):
         want = " or ".join(k.__name__ for k in kinds if k is not type(None))
         raise ValueError(f"{name}: must be {want}, got {value!r}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name}: must be finite, got {value}")
-    meta = f.metadata
-    if "choices" in meta and value not in meta["choices"]:
-        raise ValueError(f"{name}: must be one of {', '.join(meta['choices'])}; got {value!r}")
-    if "min" in meta and value < meta["min"]:
-        raise ValueError(f"{name}: must be >= {meta['min']}, got {value}")
-    if "max" in meta and value > meta["max"]:
-        raise ValueError(f"{name}: must be <= {meta['max']}, got {value}")
+    _check_bounds(name, value, f.metadata)
     if float in kinds and int not in kinds and not isinstance(value, float):
         return float(value)
     return value

@@ -34,6 +34,9 @@ class PolicySpec:
     roles: Mapping[str, type[Policy]]
     hp_share: int = 0  # default HP instances: instances // hp_share, at least 1 (0: none)
     sweep: tuple[str, ...] = ()  # knobs ``sloserve plan --mode accurate`` tries several values of
+    # a baseline or reference the papers compare against, not a policy a user would pick:
+    # what it is, in a few words (``compare`` shows it only with ``--baselines``; issue 32)
+    baseline: str = ""
 
     def has_role(self, role: str) -> bool:
         return role in self.roles
@@ -73,8 +76,10 @@ _SPECS: dict[str, PolicySpec] = {
         PolicySpec("ascendra", AscendraConfig,
                    MappingProxyType({"lp": AscendraLPPolicy, "hp": AscendraHPPolicy}), hp_share=3),
         PolicySpec("accelgen", AccelGenConfig, MappingProxyType({"lp": AccelGenPolicy})),
-        PolicySpec("orca", OrcaConfig, MappingProxyType({"lp": OrcaPolicy})),
-        PolicySpec("oracle", OracleConfig, MappingProxyType({"lp": OraclePolicy})),
+        PolicySpec("orca", OrcaConfig, MappingProxyType({"lp": OrcaPolicy}),
+                   baseline="baseline: Orca, whole prompts, 8 per batch; AccelGen §6.1"),
+        PolicySpec("oracle", OracleConfig, MappingProxyType({"lp": OraclePolicy}),
+                   baseline="reference: SRPT on the true output lengths; AccelGen §6.1"),
         PolicySpec("slack", SlackConfig, MappingProxyType({"lp": SlackPolicy})),
     )
 }
@@ -83,6 +88,12 @@ _SPECS: dict[str, PolicySpec] = {
 def policy_names() -> list[str]:
     """The policies a user can choose, in the order they are compared."""
     return list(_SPECS)
+
+
+def compared_names(*, baselines: bool = False) -> list[str]:
+    """The policies ``compare`` shows: those a user chooses between, plus the baselines and
+    references (``PolicySpec.baseline``) when asked."""
+    return [n for n, s in _SPECS.items() if baselines or not s.baseline]
 
 
 def get_spec(name: str) -> PolicySpec:

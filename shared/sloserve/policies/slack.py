@@ -1,4 +1,4 @@
-"""``slack``: one policy from what the seed papers each use alone (docs/beyond.md, "Our
+"""``slack``: one policy from what the seed papers each use alone (docs/lab/beyond.md, "Our
 policy", has each rule with its paper section, its knob and what was measured).
 
 Each iteration, for one instance:
@@ -19,7 +19,7 @@ Each iteration, for one instance:
    next-token deadline (EDF, Ascendra §3.3); a request whose latest start has passed, or
    whose prompt needs more iterations than its TTFT leaves, is ``doomed``; over the first
    ``shed_window`` requests **Moore-Hodgson** (1968) keeps the most on time and **Smith's
-   backward rule** (1956, with ``smith_margin``) orders them short first wherever every
+   backward rule** (1956, with ``SMITH_MARGIN``) orders them short first wherever every
    kept deadline allows. Ongoing prefills and preempted requests go first. **The first
    token** (ours; a token comes when its iteration ends, Orca's iteration-level
    scheduling): once the iteration completes an on-time prompt, more prefill goes in only
@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from dataclasses import dataclass, field
 
 from sloserve.batch import BatchPlan, BatchShape
 from sloserve.policies.base import (
@@ -72,6 +73,11 @@ __all__ = ["LATE_REASON", "SHED_REASON", "SlackConfig", "SlackPolicy"]
 
 SHED_REASON = "slack: cannot meet its TTFT SLO any more (predicted prefill ends past the deadline)"
 LATE_REASON = "slack: shed so that more queued requests meet their TTFT (Moore-Hodgson)"
+SMITH_MARGIN = 1.0
+"""Smith's rule lets a prompt go last only if it still meets its TTFT with the predicted
+work up to its end stretched by 1 + this, so a long prompt is not pushed to the edge of its
+deadline (0: Smith's rule; large: EDF). A knob until issue 32; no grid run moved it from
+1.0 (docs/lab/beyond.md, "Smith's rule with a margin", has the values tried by hand)."""
 
 
 class SlackPolicy(Policy):
@@ -190,7 +196,7 @@ class SlackPolicy(Policy):
             for req in late:
                 self._give_up(b, req, hopeless=self._start_by[req.request_id] < view.now)
         if cfg.order == "smith":
-            return first + smith_order(jobs, start, cfg.smith_margin)
+            return first + smith_order(jobs, start, SMITH_MARGIN)
         return first + [j[2] for j in jobs]
 
     def _first_token(self, b: BatchBuilder, view: InstanceView, req: Request, chunk: int
@@ -206,37 +212,75 @@ class SlackPolicy(Policy):
                 b.token_budget = b.tokens_used + room
 
     def schedule(self, view: InstanceView) -> BatchPlan:
+        """One iteration: the rules below in order (module docstring, 1-4)."""
         cfg = self.config
         self._sync(view)
         decodes = [r for r in view.running if r.is_decode]
-        if view.timers and decodes and len(decodes) == len(view.running) and not view.waiting:
-            wake = self._pacer.wake_at(view, decodes, cfg)  # the GPU idles (slack_pace)
-            if wake is not None:
-                return BatchPlan(wake_at=wake)
+        paced = self._pace(view, decodes)
+        if paced is not None:
+            return paced
         if cfg.stall_share:
             self._stalls.observe(cfg, view.running)
-        lane = self._lane
-        prefills, late_prefills = lane.split([r for r in view.running if r.in_prefill])
+        prefills, late_prefills = self._lane.split([r for r in view.running if r.in_prefill])
         head = (prefills[0] if prefills else self._heap[0][2] if self._heap
-                else late_prefills[0] if late_prefills else lane.first_waiting)
-        cap = cfg.max_num_batched_tokens
-        # the budget protects the TBT of on-time requests; a deferred one has missed its SLO
-        # (unless late_in_budget: it missed its TTFT, not its TBT)
+                else late_prefills[0] if late_prefills else self._lane.first_waiting)
+        it = self._budget(view, decodes, prefills, head)
+        b = BatchBuilder(view, len(it.decodes) + it.allowance, cfg.max_num_seqs)
+        add_decodes(b, it.decodes)
+        after_decodes = b.tokens_used
+        for req in prefills:  # ongoing prefills first, in arrival order
+            if not b.removed(req) and (chunk := b.max_chunk(req)):
+                b.add(req, chunk)
+                self._first_token(b, view, req, chunk)
+        full = self._admit_window(b, view, prefills, it) or self._admit_queue(b, view, it)
+        if it.sitting and not full and b.tokens_used == after_decodes:  # no on-time prefill
+            self._seat_deferred(b, view, it, late_prefills)
+        self._stalls.gaps += len(it.decodes)
+        if not (full or it.sitting) and (late_prefills or self._lane.queued):
+            self._lane.admit(b, cfg, late_prefills)  # what on-time work left of the iteration
+        return b.build()
+
+    def _pace(self, view: InstanceView, decodes: list[Request]) -> BatchPlan | None:
+        """Only decodes run and nothing waits: perhaps hold the next iteration, the GPU idle
+        so that a tight prompt starts at once (``slack_pace``; ours)."""
+        if view.timers and decodes and len(decodes) == len(view.running) and not view.waiting:
+            wake = self._pacer.wake_at(view, decodes, self.config)
+            if wake is not None:
+                return BatchPlan(wake_at=wake)
+        return None
+
+    def _tbt_limit(self, view: InstanceView, decodes: list[Request], head: Request | None
+                   ) -> tuple[float, list[Request]]:
+        """``(limit, budgeted)``: the most an iteration may take from the tightest next-token
+        slack of the on-time decodes (AccelGen §4.2 Eq. 6, Ascendra §3.3), narrowed by the
+        deferred decodes' where ``late_bound`` says (``slack_lane``). The budget protects the
+        TBT of on-time requests; a deferred one has missed its SLO (unless
+        ``late_in_budget``: it missed its TTFT, not its TBT)."""
+        cfg, lane = self.config, self._lane
         budgeted = decodes
         if lane.running and not cfg.late_in_budget:
             budgeted = [r for r in decodes if r.request_id not in lane.running]
         limit = tbt_limit(view, budgeted, cfg.tbt_margin)
         if head is not None and len(budgeted) < len(decodes) and narrows(cfg, limit):
-            limit = lane.narrow(view, cfg, decodes, head, limit,
-                                self.latest_start(head, view))
+            limit = lane.narrow(view, cfg, decodes, head, limit, self.latest_start(head, view))
+        return limit, budgeted
+
+    def _budget(self, view: InstanceView, decodes: list[Request], prefills: list[Request],
+                head: Request | None) -> _Iteration:
+        """This iteration's decodes and prefill allowance (rule 2): the TBT limit's most
+        prefill tokens (at least ``min_prefill_tokens``), cut to whole tiles (Sarathi-Serve
+        §4.3) when the limit binds, widened to a whole prompt by the stall rule
+        (``slack_stall``); deferred decodes may sit out (``late_yield``)."""
+        cfg = self.config
+        limit, budgeted = self._tbt_limit(view, decodes, head)
         sitting: list[Request] = []
         if cfg.late_yield and head is not None and len(budgeted) < len(decodes) and (
                 prefills or self._heap):
-            decodes, sitting = lane.yielding(view, cfg, decodes, budgeted, head, limit)
+            decodes, sitting = self._lane.yielding(view, cfg, decodes, budgeted, head, limit)
         allowance, step, bound = 0, limit, limit  # bound: the TBT limit before any stall
         if head is not None:
             allowance = max(cfg.min_prefill_tokens, prefill_allowance(
-                view, decodes, limit, cap, head.num_computed))
+                view, decodes, limit, cfg.max_num_batched_tokens, head.num_computed))
             if limit != math.inf:  # a TBT-bounded iteration: whole tiles
                 allowance = tile_aligned(allowance, len(decodes), cfg.tile)
                 if cfg.stall_share and not prefills and head.request_id in self._queued:
@@ -250,59 +294,75 @@ class SlackPolicy(Policy):
                 step = min(limit, view.perf_model.predict(BatchShape(
                     prefills=((allowance, head.num_computed),),
                     decodes=tuple(r.num_computed for r in decodes))))
-        b = BatchBuilder(view, len(decodes) + allowance, cfg.max_num_seqs)
-        add_decodes(b, decodes)
-        after_decodes = b.tokens_used
-        for req in prefills:  # ongoing prefills first, in arrival order
-            if not b.removed(req) and (chunk := b.max_chunk(req)):
-                b.add(req, chunk)
-                self._first_token(b, view, req, chunk)
-        give_up = cfg.late != "serve"
-        dec = tuple(r.num_computed for r in decodes)
-        full = False
-        if cfg.shed_window and self._heap:
-            ongoing = sum(prompt_work(r) for r in prefills)
-            for req in self._window(b, view, ongoing, step, allowance):
-                start_by = self._start_by[req.request_id]
-                if give_up and not req.num_generated and doomed(
-                        req, start_by, view, step, allowance, dec):
-                    self._give_up(b, req, hopeless=True)
-                    continue
-                chunk = b.max_chunk(req)
-                if chunk == 0 or not can_admit(b, req, chunk):
-                    full = True
-                    break
-                self._unqueue(req)
-                b.add(req, chunk)
-                self._first_token(b, view, req, chunk)
-        held: list[tuple[float, int, Request]] = []
-        while self._heap and not full:
+        return _Iteration(decodes, sitting, allowance, step, bound)
+
+    def _take(self, b: BatchBuilder, view: InstanceView, req: Request, it: _Iteration
+              ) -> bool:
+        """Admit ``req``'s next chunk, or give it up when it is ``doomed`` (rule 4); False,
+        admitting nothing, when the iteration is full."""
+        if self.config.late != "serve" and not req.num_generated and doomed(
+                req, self._start_by[req.request_id], view, it.step, it.allowance, it.dec):
+            self._give_up(b, req, hopeless=True)
+            return True
+        chunk = b.max_chunk(req)
+        if chunk == 0 or not can_admit(b, req, chunk):
+            return False
+        self._unqueue(req)
+        b.add(req, chunk)
+        self._first_token(b, view, req, chunk)
+        return True
+
+    def _admit_window(self, b: BatchBuilder, view: InstanceView, prefills: list[Request],
+                      it: _Iteration) -> bool:
+        """The first ``shed_window`` queued requests in Moore-Hodgson's and Smith's order
+        (rule 3, ``_window``); True when the iteration filled."""
+        if not (self.config.shed_window and self._heap):
+            return False
+        ongoing = sum(prompt_work(r) for r in prefills)
+        for req in self._window(b, view, ongoing, it.step, it.allowance):
+            if not self._take(b, view, req, it):
+                return True
+        return False
+
+    def _admit_queue(self, b: BatchBuilder, view: InstanceView, it: _Iteration) -> bool:
+        """The rest of the queue in key order (EDF, Ascendra §3.3) while the iteration has
+        room; True when it filled (the request that did not fit stays queued)."""
+        while self._heap:
             entry = heapq.heappop(self._heap)
             key, _, req = entry
             if self._queued.get(req.request_id) != key or req.status is not RequestStatus.WAITING:
                 continue  # stale: admitted, dropped, deferred or re-keyed since it was pushed
-            if give_up and req.num_generated == 0 and doomed(
-                    req, self._start_by[req.request_id], view, step, allowance, dec):
-                self._give_up(b, req, hopeless=True)
-                continue
-            chunk = b.max_chunk(req)
-            if chunk == 0 or not can_admit(b, req, chunk):
-                held.append(entry)
-                full = True
-                break
-            self._unqueue(req)
-            b.add(req, chunk)
-            self._first_token(b, view, req, chunk)
-        for entry in held:
-            heapq.heappush(self._heap, entry)
-        if sitting and not full and b.tokens_used == after_decodes:  # no on-time prefill
-            decodes = decodes + sitting  # after all: the deferred decodes run
-            bg = late_prefills[0].num_computed if late_prefills else 0
-            b.token_budget = max(b.tokens_used, len(decodes) + max(
-                cfg.min_prefill_tokens, prefill_allowance(view, decodes, bound, cap, bg)))
-            add_decodes(b, sitting)
-            sitting = []
-        self._stalls.gaps += len(decodes)
-        if not (full or sitting) and (late_prefills or lane.queued):
-            lane.admit(b, cfg, late_prefills)  # what on-time work left of the iteration
-        return b.build()
+            if not self._take(b, view, req, it):
+                heapq.heappush(self._heap, entry)
+                return True
+        return False
+
+    def _seat_deferred(self, b: BatchBuilder, view: InstanceView, it: _Iteration,
+                       late_prefills: list[Request]) -> None:
+        """No on-time prefill went in after all: the deferred decodes that sat out run, the
+        budget re-priced with them under the TBT limit before any stall (``slack_lane``)."""
+        cfg = self.config
+        it.decodes = it.decodes + it.sitting
+        bg = late_prefills[0].num_computed if late_prefills else 0
+        b.token_budget = max(b.tokens_used, len(it.decodes) + max(
+            cfg.min_prefill_tokens, prefill_allowance(
+                view, it.decodes, it.bound, cfg.max_num_batched_tokens, bg)))
+        add_decodes(b, it.sitting)
+        it.sitting = []
+
+
+@dataclass(slots=True)
+class _Iteration:
+    """What ``SlackPolicy._budget`` decided for one iteration: the decodes it runs, the
+    deferred ones sitting out, the prefill allowance, the predicted time of an iteration of
+    that allowance (``step``) and the TBT limit before any stall (``bound``)."""
+
+    decodes: list[Request]
+    sitting: list[Request]
+    allowance: int
+    step: float
+    bound: float
+    dec: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.dec = tuple(r.num_computed for r in self.decodes)

@@ -1,5 +1,7 @@
 """``slack``'s knobs (``SlackConfig``): what each one does and why its default is what it
-is are in docs/beyond.md, "Our policy" (knob defaults)."""
+is are in docs/lab/beyond.md, "Our policy" (knob defaults). Two former knobs that no grid
+run moved from their defaults (issue 32) are constants: ``slack.SMITH_MARGIN`` and
+``slack_stall.ALONE_MARGIN``."""
 
 from __future__ import annotations
 
@@ -35,10 +37,6 @@ class SlackConfig(PolicyConfig):
         "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
         "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
         "(deadline - predicted prefill; the order before Smith's rule)", choices=ORDERS)
-    smith_margin: float = knob(
-        1.0, "slack: Smith's rule lets a prompt go last only if it still meets its TTFT "
-        "with the predicted work up to its end stretched by 1 + this, so a long prompt is "
-        "not pushed to the edge of its deadline (0: Smith's rule; large: EDF)", min=0.0)
     late_chunk: int = knob(
         512, "slack: most prompt tokens the deferred requests prefill per iteration, all "
         "together, so an on-time arrival never waits behind a long background iteration",
@@ -49,17 +47,17 @@ class SlackConfig(PolicyConfig):
     late_yield: bool = knob(
         True, "slack: deferred decodes sit out an iteration that carries on-time prefill "
         "work (their KV stays), unless their next token is due before the next iteration "
-        "could serve it (docs/beyond.md, the background lane)")
+        "could serve it (docs/lab/beyond.md, the background lane)")
     late_in_budget: bool = knob(
         False, "slack: deferred requests' decodes set the TBT budget too (they missed their "
         "TTFT, not their TBT): with a wide lane (late_max_running 64) this keeps the pooled "
         "TBT P99 and passes `tail` on AccelGen's mix, at a cost in goodput under load "
-        "(docs/beyond.md, the background lane)")
+        "(docs/lab/beyond.md, the background lane)")
     late_bound: str = knob(
         "idle", "slack: deferred decodes narrow the TBT budget too, unless the first "
         "on-time prompt would then miss its TTFT: 'idle' only when no on-time decode sets "
         "it (else a whole prompt stretches their gaps), 'always' also beside on-time "
-        "decodes, 'off' never (docs/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
+        "decodes, 'off' never (docs/lab/beyond.md, the lane bounded)", choices=LATE_BOUNDS)
     stall_share: float = knob(
         0.005, "slack: when the first queued prompt would miss its TTFT in chunks of the "
         "budget but makes it whole, it runs whole if every on-time decode's mean TBT still "
@@ -73,13 +71,10 @@ class SlackConfig(PolicyConfig):
         "anchor under its per-request mix)", min=0.001)
     alone_tight: float = knob(
         2.0, "slack: a prompt whose TTFT SLO is under this x its predicted prefill alone is "
-        "tight: when beside the decodes it would miss its TTFT or end within alone_margin of "
-        "it, it may run alone, the decodes waiting one iteration (a stall, under the same "
-        "bounds as stall_share's; vLLM's prefill-only iteration); 0: never", min=0.0)
-    alone_margin: float = knob(
-        0.2, "slack: a tight prompt (alone_tight) runs alone when beside the decodes its "
-        "predicted prefill, stretched by 1 + this, ends past its TTFT deadline (the perf "
-        "model under-predicts mixed batches)", min=0.0)
+        "tight: when beside the decodes it would miss its TTFT or end within 20 % of it "
+        "(slack_stall.ALONE_MARGIN), it may run alone, the decodes waiting one iteration (a "
+        "stall, under the same bounds as stall_share's; vLLM's prefill-only iteration); 0: "
+        "never", min=0.0)
     pace: float = knob(
         0.5, "slack: while only decodes run and nothing waits, hold the next decode-only "
         "iteration (the GPU idles, so a prompt that arrives starts at once) until a decode's "

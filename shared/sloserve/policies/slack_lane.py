@@ -1,4 +1,4 @@
-"""``slack``'s background lane (docs/beyond.md, "Our policy" rule 4, "The lane reworked"
+"""``slack``'s background lane (docs/lab/beyond.md, "Our policy" rule 4, "The lane reworked"
 and "The lane bounded"): the requests given up on their TTFT but *deferred*, not dropped.
 
 They wait shortest remaining prompt first (SPT: the least mean wait among them) and get

@@ -1,4 +1,4 @@
-"""``slack``'s decode pacing (docs/beyond.md, "Our policy": the GPU idles for the next
+"""``slack``'s decode pacing (docs/lab/beyond.md, "Our policy": the GPU idles for the next
 prompt; measured under "The GPU idles for the next prompt").
 
 An iteration cannot be interrupted, so a prompt that arrives while a decode-only iteration

@@ -1,4 +1,4 @@
-"""The rules ``slack`` schedules by, as functions of the instance's view (docs/beyond.md,
+"""The rules ``slack`` schedules by, as functions of the instance's view (docs/lab/beyond.md,
 "Our policy"): the TBT-slack token budget (AccelGen §4.2 Eq. 6's idea, Ascendra §3.3's
 slack), whether a prompt can still make its TTFT at that budget, and the two
 one-machine rules — Moore-Hodgson (1968) for the most jobs on time and Smith's backward

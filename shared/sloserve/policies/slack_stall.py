@@ -1,4 +1,4 @@
-"""``slack``'s stall that saves a request (docs/beyond.md, "Our policy", "A stall that
+"""``slack``'s stall that saves a request (docs/lab/beyond.md, "Our policy", "A stall that
 saves a request" and "A tight prompt alone"): vLLM's prefill-first iteration — a whole
 prompt beside the decodes, or alone while they wait — taken only where the TBT budget's
 chunks, or the decodes beside it, would cost the prompt its TTFT, and only as often as
@@ -14,6 +14,11 @@ from sloserve.policies.slack_config import SlackConfig
 from sloserve.policies.slack_rules import doomed, prompt_work
 from sloserve.request import Request
 
+ALONE_MARGIN = 0.2
+"""A tight prompt runs alone when beside the decodes its predicted prefill, stretched by
+1 + this, ends past its TTFT deadline (the perf model under-predicts mixed batches); a
+knob until issue 32, never moved from 0.2 by the grid (docs/lab/beyond.md, "A tight
+prompt alone")."""
 
 def tail_of(cfg: SlackConfig, req: Request) -> float | None:
     """The gap ``req``'s TBT is judged against for the pooled P99: ``tail_tbt``, else its own
@@ -57,7 +62,7 @@ class StallRule:
         its TTFT deadline (``start_by``: its latest start) but the whole prompt makes it;
         *alone*, the decodes waiting one iteration (vLLM's prefill-only iteration), when
         ``head`` is tight — its TTFT SLO under ``alone_tight`` x its prefill alone — and
-        beside the decodes it would miss its deadline or end within ``1 + alone_margin`` of
+        beside the decodes it would miss its deadline or end within ``1 + ALONE_MARGIN`` of
         it. Either way only if after it every on-time decode (``budgeted``) still has its
         *mean* TBT (first token to its next, over the gaps) within ``tbt_margin`` of its SLO,
         and the gaps past the tail TBT — those seen so far (``observe``) and those it would
@@ -77,7 +82,7 @@ class StallRule:
         took = gap = predict(BatchShape(prefills=prompt, decodes=dec))
         now, slo = view.now, head.slo.ttft
         alone = False
-        if dec and slo is not None and now + took * (1 + cfg.alone_margin) > deadline:
+        if dec and slo is not None and now + took * (1 + ALONE_MARGIN) > deadline:
             solo = predict(BatchShape(prefills=prompt))
             alone = slo < cfg.alone_tight * solo and now + solo <= deadline
             if alone:  # its next token comes after this and a decode-only iteration

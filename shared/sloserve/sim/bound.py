@@ -37,7 +37,7 @@ fewer than ``target x N`` requests are feasible. ``capacity_long_run_qps`` besid
 what a steady stream can sustain (``long_run_capacity``). It is a relaxation: it ignores
 queueing, burstiness within the run, KV capacity and the TBT constraint on
 batching, so it is an *upper bound*, not an achievable schedule
-(docs/beyond.md). The first version charged the work against the arrivals'
+(docs/lab/beyond.md). The first version charged the work against the arrivals'
 span ``N / lam`` alone; a finite run keeps serving after its last arrival, and
 on 400-request runs policies beat that figure by up to 19 %.
 """

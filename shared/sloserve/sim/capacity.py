@@ -35,7 +35,7 @@ def find_capacity(
     Doubling stops at ``qps_max`` (default ``64 * qps_start``): a criterion still
     met there is reported with ``"at_search_limit": true`` — e.g. a per-gap
     criterion that queueing delay only touches through the first token of a
-    finite run (see docs/core-results.md).
+    finite run (see docs/lab/core-results.md).
     """
     check_criterion(criterion, cfg.tbt_slo)
     if not 0 < target <= 1:

@@ -4,7 +4,7 @@ A simulation draws every batch's run-to-run noise (``noise_cv``) from a seeded s
 so its result is one sample of what the simulated deployment can give. For most
 policies the samples agree to a percent or two; Ascendra's offload threshold (§3.3)
 flips on sub-millisecond shifts, after which every later decision differs, and its
-tails at high load spread by ~10 % between draws at 600 requests (docs/live-stack.md,
+tails at high load spread by ~10 % between draws at 600 requests (docs/lab/live-stack.md,
 "A quiet AVX-512 host, and the simulator's spread"). ``simulate_draws`` runs draw
 ``i`` with the ground-truth seed ``truth_seed + i`` (draw 0 is the plain simulation)
 and reports, for every number

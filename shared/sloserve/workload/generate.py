@@ -56,50 +56,12 @@ def make_requests(
     (see :mod:`sloserve.workload.slo_mix`; ``batch_time`` supplies the
     prompt-group latencies, ``jct_share`` the share of offline JCT requests).
     """
-    if not lengths:
-        raise ValueError("trace (--trace): has no requests")
-    if num_requests < 1:
-        raise ValueError(f"num_requests (--num-requests): must be >= 1, got {num_requests}")
-    if arrival not in ARRIVALS:
-        raise ValueError(
-            f"arrival (--arrival): must be one of {', '.join(ARRIVALS)}, got {arrival!r}"
-        )
-    if qps is not None and not (math.isfinite(qps) and qps > 0):
-        raise ValueError(f"qps (--qps): must be a positive number of requests/s, got {qps!r}")
-    if qps is None and arrival != "trace":
-        raise ValueError(f"qps (--qps): required for --arrival {arrival}")
-    if max_context is not None and max_context < 2:
-        raise ValueError(f"max_context (--max-context): must be >= 2 tokens, got {max_context}")
-    mix = slo_mix or ("uniform" if (ttft_slo, tbt_slo, jct_slo) != (None,) * 3 else "none")
-    if mix not in SLO_MIXES:
-        raise ValueError(f"slo_mix (--slo-mix): must be one of {', '.join(SLO_MIXES)}, got {mix!r}")
-    if mix == "none" and (ttft_slo, tbt_slo, jct_slo) != (None,) * 3:
-        raise ValueError(
-            "slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO"
-        )
-
+    mix = _check(lengths, num_requests, qps, arrival, ttft_slo, tbt_slo, jct_slo, slo_mix,
+                 max_context)
     len_rng, arr_rng, slo_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
-    if arrival == "trace":
-        if num_requests > len(lengths):
-            raise ValueError(
-                f"num_requests (--num-requests): --arrival trace needs consecutive rows, "
-                f"but the trace has only {len(lengths)}"
-            )
-        rows = list(lengths[:num_requests])
-        if any(r.arrival is None for r in rows):
-            raise ValueError("arrival (--arrival): 'trace' needs a trace with arrival times")
-        times = trace_arrivals([r.arrival for r in rows if r.arrival is not None], qps)
-    else:
-        idx = len_rng.choice(len(lengths), size=num_requests, replace=num_requests > len(lengths))
-        rows = [lengths[i] for i in idx]
-        assert qps is not None
-        if arrival == "poisson":
-            times = poisson_arrivals(num_requests, qps, arr_rng)
-        else:
-            times = gamma_arrivals(num_requests, qps, cv, arr_rng)
-
+    rows, times = _sample(lengths, num_requests, qps, arrival, cv, len_rng, arr_rng)
     prompts = [r.prompt_len for r in rows]
     outputs = [r.output_len for r in rows]
     slos: list[SLO]
@@ -140,3 +102,56 @@ def make_requests(
         "sampled_with_replacement": arrival != "trace" and num_requests > len(lengths),
     }
     return Workload(requests, num_requests - len(requests), info)
+
+
+def _check(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None, arrival: str,
+           ttft_slo: float | None, tbt_slo: float | None, jct_slo: float | None,
+           slo_mix: str | None, max_context: int | None) -> str:
+    """``make_requests``' arguments, each refused naming its flag; the SLO mix resolved."""
+    if not lengths:
+        raise ValueError("trace (--trace): has no requests")
+    if num_requests < 1:
+        raise ValueError(f"num_requests (--num-requests): must be >= 1, got {num_requests}")
+    if arrival not in ARRIVALS:
+        raise ValueError(
+            f"arrival (--arrival): must be one of {', '.join(ARRIVALS)}, got {arrival!r}"
+        )
+    if qps is not None and not (math.isfinite(qps) and qps > 0):
+        raise ValueError(f"qps (--qps): must be a positive number of requests/s, got {qps!r}")
+    if qps is None and arrival != "trace":
+        raise ValueError(f"qps (--qps): required for --arrival {arrival}")
+    if max_context is not None and max_context < 2:
+        raise ValueError(f"max_context (--max-context): must be >= 2 tokens, got {max_context}")
+    mix = slo_mix or ("uniform" if (ttft_slo, tbt_slo, jct_slo) != (None,) * 3 else "none")
+    if mix not in SLO_MIXES:
+        raise ValueError(f"slo_mix (--slo-mix): must be one of {', '.join(SLO_MIXES)}, got {mix!r}")
+    if mix == "none" and (ttft_slo, tbt_slo, jct_slo) != (None,) * 3:
+        raise ValueError(
+            "slo_mix (--slo-mix): 'none' conflicts with a given --ttft/--tbt/--jct SLO"
+        )
+    return mix
+
+
+def _sample(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None,
+            arrival: str, cv: float, len_rng: np.random.Generator,
+            arr_rng: np.random.Generator) -> tuple[list[TraceRequest], np.ndarray]:
+    """The trace rows and their arrival times (module docstring: sampling)."""
+    if arrival == "trace":
+        if num_requests > len(lengths):
+            raise ValueError(
+                f"num_requests (--num-requests): --arrival trace needs consecutive rows, "
+                f"but the trace has only {len(lengths)}"
+            )
+        rows = list(lengths[:num_requests])
+        if any(r.arrival is None for r in rows):
+            raise ValueError("arrival (--arrival): 'trace' needs a trace with arrival times")
+        times = trace_arrivals([r.arrival for r in rows if r.arrival is not None], qps)
+    else:
+        idx = len_rng.choice(len(lengths), size=num_requests, replace=num_requests > len(lengths))
+        rows = [lengths[i] for i in idx]
+        assert qps is not None
+        if arrival == "poisson":
+            times = poisson_arrivals(num_requests, qps, arr_rng)
+        else:
+            times = gamma_arrivals(num_requests, qps, cv, arr_rng)
+    return rows, times

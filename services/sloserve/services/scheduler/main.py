@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
                    default=os.environ.get("SLOSERVE_OVERLAP", "1") != "0",
                    help="decide and send plan k+1 while the executor runs plan k (default on, "
                         "SGLang's choice; $SLOSERVE_OVERLAP=0 turns the default off; always "
-                        "off with --clock virtual). See docs/live-stack.md")
+                        "off with --clock virtual). See docs/lab/live-stack.md")
     add_policy_flags(p)
     return p
 
