@@ -43,6 +43,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                         "JCT SLO (AccelGen §4.3; default 0)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=positive(float), default=1.0, help="gamma arrivals' CV")
+    p.add_argument("--sample", choices=("random", "ordered"), default=None,
+                   help="trace rows drawn at random, or consecutive in the trace's own order "
+                        "(conversations kept in order); default: ordered for a trace with "
+                        "session or prefix identity, else random")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=positive(int), default=1)
     p.add_argument("--noise-cv", type=float, default=0.03)
@@ -121,7 +125,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
-        seed=args.seed, tp=args.tp,
+        sample=args.sample, seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, noise_streams=args.noise_streams,
         noise_seed=args.noise_seed, workers=args.workers,
         timing_profile=args.timing_profile, metrics=args.metrics,
@@ -194,6 +198,8 @@ def _compare(args: argparse.Namespace) -> int:
     from sloserve.sim.simulator import simulate
 
     rows, cfg = [], None
+    if args.trace_file is not None:  # the sharegpt default is for no source given
+        args.trace = None
     for policy in policy_names():
         spec = get_spec(policy)
         args.policy = policy
