@@ -55,6 +55,20 @@ class DropEveryTenth(SarathiPolicy):
         return plan
 
 
+class ServeEveryTenth(SarathiPolicy):
+    """Sarathi on every tenth request (by id); every other one dropped on arrival: 90 %."""
+
+    name = "sarathi-serve-every-tenth"
+
+    def schedule(self, view: InstanceView) -> BatchPlan:
+        doomed = {r.request_id for r in view.waiting
+                  if int(r.request_id[1:]) % 10 != 0 and r.num_computed == 0}
+        plan = super().schedule(dataclasses.replace(
+            view, waiting=[r for r in view.waiting if r.request_id not in doomed]))
+        plan.dropped.extend(doomed)
+        return plan
+
+
 def run_with(policy: type[Policy]) -> Any:
     """A simulation of ``cfg`` whose instances run ``policy`` instead of the registered one."""
 
@@ -87,6 +101,19 @@ def test_dropping_every_request_fails_tail_and_token_at_high_rates_too() -> None
         assert s["dropped"] == s["requests"] == 120
         assert not meets(s, "tail", tbt_slo=0.1, max_drop_share=1.0)
         assert not meets(s, "token", 0.01)
+
+
+def test_serving_a_tenth_and_dropping_the_rest_meets_tail_at_no_rate() -> None:
+    """What issue 38 found: the scheduled few are served at once at any rate, so the median
+    over scheduled requests alone passes; counted over all requests, tail fails."""
+    out = find_capacity(CFG, "tail", 0.9, run=run_with(ServeEveryTenth), qps_start=1.0,
+                        qps_max=64.0, max_probes=8)
+    assert out["capacity_qps"] == 0.0
+    for p in out["probes"]:
+        assert p["drop_share"] == pytest.approx(0.9, abs=0.02)
+        assert p["sched_delay_p50"] is not None and p["sched_delay_p50"] <= 2.0  # the old rule
+        assert p["sched_delay_p50_all"] is None  # infinite: most never scheduled
+        assert not p["meets"]
 
 
 def test_shedding_every_arrival_at_the_door_meets_neither_tail_nor_token() -> None:
