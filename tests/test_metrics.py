@@ -141,13 +141,85 @@ def test_empty_run_gives_json_valid_summary_without_nan() -> None:
     assert not meets(s, "tail", tbt_slo=0.1)
 
 
-def test_tail_criterion_needs_p99_and_median_delay_within_bounds() -> None:
-    base = {"tbt_token_p99": 0.09, "sched_delay_p50": 1.9}
+def test_tail_criterion_needs_p99_median_delay_of_all_and_drop_share_within_bounds() -> None:
+    base = {"tbt_token_p99": 0.09, "sched_delay_p50_all": 1.9, "drop_share": 0.01}
     assert meets(base, "tail", tbt_slo=0.1)
     assert not meets({**base, "tbt_token_p99": 0.11}, "tail", tbt_slo=0.1)
-    assert not meets({**base, "sched_delay_p50": 2.1}, "tail", tbt_slo=0.1)
+    assert not meets({**base, "sched_delay_p50_all": 2.1}, "tail", tbt_slo=0.1)
+    assert not meets({**base, "sched_delay_p50_all": None}, "tail", tbt_slo=0.1)  # infinite
+    assert not meets({**base, "drop_share": 0.011}, "tail", tbt_slo=0.1)
+    assert meets({**base, "drop_share": 0.011}, "tail", tbt_slo=0.1, max_drop_share=0.02)
+    # the median over scheduled requests alone is not what tail judges (issue 38)
+    assert not meets({**base, "sched_delay_p50": 0.1, "sched_delay_p50_all": 3.0}, "tail",
+                     tbt_slo=0.1)
     with pytest.raises(ValueError, match="tbt_slo"):
         meets(base, "tail")
+    with pytest.raises(ValueError, match="max_drop_share.*1.5"):
+        meets(base, "tail", tbt_slo=0.1, max_drop_share=1.5)
+    with pytest.raises(ValueError, match="summary: has no 'sched_delay_p50_all'"):
+        meets({"tbt_token_p99": 0.09, "sched_delay_p50": 1.9}, "tail", tbt_slo=0.1)
+
+
+def on_time(i: int, slo: SLO, *, status: RequestStatus = FINISHED) -> Request:
+    """Request ``i``: arrives at i, scheduled at once, 4 tokens 10 ms apart from i + 0.1."""
+    t = float(i)
+    if status is DROPPED:
+        return req(f"r{i}", t, [], slo, status=DROPPED, output_len=4)
+    return req(f"r{i}", t, [t + 0.1 + 0.01 * k for k in range(4)], slo, scheduled=t)
+
+
+def test_median_delay_of_all_counts_dropped_and_never_scheduled_as_infinite() -> None:
+    slo = SLO(ttft=1.0, tbt=0.1)
+    # delays 0.5, 1.0, 1.5 (scheduled, kept), then one dropped after it was scheduled
+    # and one never scheduled: sorted with infinity last, the median is 1.5
+    reqs = [req(f"k{i}", 0.0, [d + 0.1], slo, scheduled=d) for i, d in enumerate((0.5, 1.0, 1.5))]
+    reqs.append(req("d", 0.0, [], slo, status=DROPPED, output_len=3, scheduled=0.2))
+    reqs.append(req("n", 0.0, [], slo, status=RUNNING, output_len=3))
+    s = summarize(reqs)
+    assert s["sched_delay_p50_all"] == pytest.approx(1.5)
+    assert s["sched_delay_p50"] == pytest.approx(0.75)  # scheduled ones only: 0.2 .. 1.5
+    assert s["drop_share"] == pytest.approx(0.2)
+    # an even count: the mean of the middle two, infinite (None) once one of them is
+    assert summarize(reqs[:4])["sched_delay_p50_all"] == pytest.approx(1.25)
+    assert summarize([*reqs[:2], *reqs[3:]])["sched_delay_p50_all"] is None
+    json.dumps(summarize([*reqs[:2], *reqs[3:]]), allow_nan=False)
+
+
+def test_dropping_every_request_meets_neither_tail_nor_token_at_any_rate() -> None:
+    """A policy that drops every request: no gap to fail the P99 and no scheduled
+    request to delay, which the old tail rule passed at any rate (issue 38)."""
+    for slo in (SLO(ttft=1.0, tbt=0.1), SLO(tbt=0.1), SLO()):
+        for rate in (0.1, 1.0, 100.0):
+            reqs = [req(f"r{i}", i / rate, [], slo, status=DROPPED, output_len=4)
+                    for i in range(50)]
+            s = summarize(reqs)
+            assert s["drop_share"] == 1.0 and s["sched_delay_p50_all"] is None
+            assert not meets(s, "tail", tbt_slo=0.1)
+            assert not meets(s, "tail", tbt_slo=0.1, max_drop_share=1.0)  # infinite median
+            assert s["token_criterion_share"] == 0.0  # the first token a miss, SLO or not
+            assert not meets(s, "token", 0.01)
+            assert not meets(s, "goodput", 0.01)
+
+
+def test_a_drop_share_above_the_bound_fails_tail_where_the_served_requests_meet_it() -> None:
+    slo = SLO(ttft=1.0, tbt=0.1)
+    served = [on_time(i, slo) for i in range(98)]
+    dropped = [on_time(98 + i, slo, status=DROPPED) for i in range(2)]
+    s = summarize(served + dropped)
+    assert s["drop_share"] == 0.02 and s["sched_delay_p50_all"] == 0.0
+    assert not meets(s, "tail", tbt_slo=0.1)  # 2 % dropped > the 1 % default
+    assert meets(s, "tail", tbt_slo=0.1, max_drop_share=0.02)
+    one = summarize([*served, on_time(98, slo), dropped[1]])  # 1 of 100: at the bound
+    assert one["drop_share"] == 0.01 and meets(one, "tail", tbt_slo=0.1)
+
+
+def test_rates_offered_and_served() -> None:
+    slo = SLO(ttft=1.0, tbt=0.1)
+    reqs = [on_time(i, slo) for i in range(10)] + [on_time(10, slo, status=DROPPED)]
+    s = summarize(reqs)
+    assert s["offered_rps"] == pytest.approx(10 / 10.0)  # 11 arrivals over 10 s
+    duration = s["duration"]
+    assert duration is not None and s["served_rps"] == pytest.approx(10 / duration)
 
 
 def test_unknown_criterion_is_rejected_by_name() -> None:

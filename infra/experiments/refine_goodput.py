@@ -57,7 +57,7 @@ def refine(result: dict[str, Any], cfg: SimConfig, rel_tol: float) -> dict[str, 
     start = 1.0 * cfg.instances
     found = find_capacity(cfg, "goodput", result["goodput_target"], qps_start=start,
                           qps_max=result["_qps_max"], rel_tol=rel_tol, max_probes=30,
-                          cache=cache, run=bc.simulate_all)
+                          cache=cache)
     out = {k: v for k, v in result.items() if k != "_qps_max"}
     out["capacity"] = {**result["capacity"], "goodput": found["capacity_qps"]}
     out["at_limit"] = {**result["at_limit"], "goodput": found["at_search_limit"]}

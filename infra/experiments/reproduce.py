@@ -28,6 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from sloserve.metrics import MAX_DROP_SHARE, TAIL_SCHED_DELAY  # noqa: E402
 from sloserve.policies import policy_names  # noqa: E402
 from sloserve.sim.capacity import find_capacity  # noqa: E402
 from sloserve.sim.config import SimConfig  # noqa: E402
@@ -164,7 +165,15 @@ def _limit(r: dict[str, Any], tbt: float) -> str:
     bad = []
     if f["tbt_token_p99"] is not None and f["tbt_token_p99"] > tbt:
         bad.append(f"P99 TBT {f['tbt_token_p99'] * 1e3:.1f} ms")
-    if f["sched_delay_p50"] is not None and f["sched_delay_p50"] > 2.0:
+    if "sched_delay_p50_all" in f:  # the core's tail (issue 38): drops count
+        delay = f["sched_delay_p50_all"]
+        if delay is None:
+            bad.append("median sched. delay infinite (half dropped or never scheduled)")
+        elif delay > TAIL_SCHED_DELAY:
+            bad.append(f"median sched. delay {delay:.1f} s")
+        if f["drop_share"] is not None and f["drop_share"] > MAX_DROP_SHARE:
+            bad.append(f"{f['drop_share']:.1%} dropped")
+    elif f["sched_delay_p50"] is not None and f["sched_delay_p50"] > 2.0:
         bad.append(f"median sched. delay {f['sched_delay_p50']:.1f} s")
     return f"fails at {f['qps']:.2f} req/s on " + (" and ".join(bad) or "?")
 

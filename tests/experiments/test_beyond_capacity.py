@@ -25,25 +25,38 @@ def test_cell_holds_ours_best_seed_ratio_and_bound(tmp_path: Path) -> None:
                                                      "oracle"}
     (cell,) = got["cells"]
     assert cell["cell"] == "azure-code/x1/tbt0.5" and cell["bound_goodput_qps"] > 0
-    for c in ("goodput", "tail", "token", "tail_scheduled"):
+    for c in ("goodput", "tail", "token"):
         seeds = [r["capacity"][c] for r in got["results"] if r["policy"] in ("vllm", "sarathi")]
         assert cell[c]["best_seed"] == max(seeds)  # the oracle and our variants are not seeds
         assert "slack-serve" in cell[c] and "oracle" in cell[c]
     assert cell["goodput_target"] == 0.9
-    for r in got["results"]:  # every probe keeps the median over all requests too
-        assert all("sched_delay_p50_all" in p for p in r["probes"].values())
+    for r in got["results"]:  # every probe keeps what the core's tail judges, and the rates
+        assert all({"sched_delay_p50_all", "drop_share", "too_long", "offered_rps",
+                    "served_rps"} <= p.keys() for p in r["probes"].values())
+        assert "tail_scheduled" not in r["capacity"]  # one definition of tail (issue 38)
 
 
-def test_tail_counts_a_dropped_request_as_never_scheduled() -> None:
+def test_tail_is_the_cores_and_counts_a_dropped_request_as_never_scheduled() -> None:
     mod = load("beyond_capacity")
+    from sloserve.metrics import meets
     from sloserve.policies.slack import SlackConfig
     from sloserve.sim.config import SimConfig
 
+    assert mod.CRITERIA == ("goodput", "tail", "token")
     cfg = SimConfig(policy="slack", trace="sharegpt", num_requests=60, qps=80.0,
                     policy_config=SlackConfig(late="drop"))
-    s = mod.simulate_all(cfg)
-    assert s["dropped"] >= 31  # most of them: their median delay is infinite
-    assert s["sched_delay_p50_all"] == float("inf") > s["sched_delay_p50"]
+    from sloserve.sim.capacity import find_capacity
+    from sloserve.sim.simulator import simulate
+
+    res = mod.run_setup(("c", "slack", cfg), qps_max_factor=4.0)
+    core = find_capacity(cfg, "tail", 0.9, qps_start=1.0, qps_max=4.0)
+    assert res["capacity"]["tail"] == core["capacity_qps"]  # the same probes, the same rule
+    assert {str(p["qps"]) for p in core["probes"]} <= res["probes"].keys()
+
+    heavy = simulate(cfg)
+    assert heavy["dropped"] >= 31  # most of them: their median delay is infinite (None)
+    assert heavy["sched_delay_p50_all"] is None and heavy["sched_delay_p50"] is not None
+    assert not meets(heavy, "tail", tbt_slo=cfg.tbt_slo)
 
 
 def test_hetero_goodput_target_scales_with_the_feasible_share() -> None:
@@ -137,3 +150,14 @@ def test_the_report_flags_a_bar_and_capacities_above_the_long_run_bound() -> Non
     text = rep.long_run_table(rows, results)
     assert "| arxiv/x3/tbt0.5 | 13.78 | 14.40 | yes | slack 13.90 |" in text
     assert "| arxiv/x3/tbt0.1 | 13.78 | 10.80 | no | – |" in text
+
+
+def test_the_report_judges_recorded_probes_by_the_cores_tail_rule() -> None:
+    rep = load("beyond_report")
+    new = {"tbt_token_p99": 0.05, "sched_delay_p50_all": 1.0, "dropped": 5, "drop_share": 0.05}
+    assert rep.tail_met(new, 100, 0.1, 0.1) and not rep.tail_met(new, 100, 0.1, 0.01)
+    # a file from before issue 38: no drop share (dropped / n), an infinite median
+    old = {"tbt_token_p99": 0.05, "sched_delay_p50_all": 1.0, "dropped": 20}
+    assert not rep.tail_met(old, 100, 0.1, 0.1) and rep.tail_met(old, 1000, 0.1, 0.1)
+    assert not rep.tail_met({**old, "sched_delay_p50_all": float("inf")}, 1000, 0.1, 1.0)
+    assert not rep.tail_met({**new, "tbt_token_p99": 0.2}, 100, 0.1, 1.0)

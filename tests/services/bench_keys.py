@@ -12,9 +12,10 @@ VLLM_KEYS = {"completed", "failed", "duration", "total_input_tokens", "total_out
              "total_token_throughput"} | {
     f"{stat}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el")
     for stat in ("mean", "median", "std", "p99")}
-# who served the run (bench_cmd.replay, bench_openai.replay)
+# who served the run (bench_cmd.replay, bench_openai.replay), and the trace rows too long
+# for the model's context that were never sent (issue 38)
 EXTRA_KEYS = {"policy", "instances", "model", "qps", "request_rate", "seed", "measured",
-              "offloads", "endpoint", "target"}
+              "offloads", "endpoint", "target", "too_long"}
 # our SLO metrics: sloserve simulate's summary
 SLO_KEYS = set(summarize([Request("x", 0.0, 1, 1)]))
 SCALAR_KEYS = VLLM_KEYS | EXTRA_KEYS | SLO_KEYS  # what --json prints

@@ -87,6 +87,10 @@ def add_parser(subparsers: Any) -> None:
                    help="with --slo-mix hetero: share of offline JCT-SLO requests (AccelGen §4.3)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=float, default=1.0)
+    p.add_argument("--sample", choices=("random", "ordered"), default=None,
+                   help="trace rows drawn at random, or consecutive in the trace's own order "
+                        "(conversations kept in order); default: ordered for a trace with "
+                        "session or prefix identity, else random (as simulate)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--prompt-salt", default="",
                    help="prefix every request id (and so its prompt token ids) with this: the "
@@ -108,6 +112,13 @@ def add_parser(subparsers: Any) -> None:
 def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
     """The requests ``sloserve simulate`` would generate for the same flags (a hetero
     SLO mix scales TTFT SLOs by the served GPU's profiled prompt latencies, as simulate)."""
+    return workload_rows(args, model, gpu)[0]
+
+
+def workload_rows(args: argparse.Namespace, model: str,
+                  gpu: str) -> tuple[list[Request], int]:
+    """``workload``'s requests and how many trace rows were dropped as too long for the
+    model's context (reported by every command, issue 38)."""
     from sloserve.perf.models import get_model
     from sloserve.sim.config import SimConfig
     from sloserve.sim.simulator import build_timing, build_workload
@@ -117,16 +128,17 @@ def workload(args: argparse.Namespace, model: str, gpu: str) -> list[Request]:
         policy="sarathi", model=model, trace=args.trace, trace_file=args.trace_file,
         qps=args.qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
-        seed=args.seed, gpu=gpu,
+        sample=getattr(args, "sample", None), seed=args.seed, gpu=gpu,
     )
     cfg.validate()
     timing = build_timing(cfg) if args.slo_mix else None
-    reqs: list[Request] = build_workload(cfg, get_model(model), timing).requests  # type: ignore[arg-type,unused-ignore]
+    w = build_workload(cfg, get_model(model), timing)  # type: ignore[arg-type,unused-ignore]
+    reqs: list[Request] = w.requests
     salt = getattr(args, "prompt_salt", "")
     if salt:
         for r in reqs:
             r.request_id = f"{salt}:{r.request_id}"
-    return reqs
+    return reqs, w.num_too_long
 
 
 def prompt_ids(req: Request) -> list[int]:
@@ -229,12 +241,12 @@ async def replay(target: str, args: argparse.Namespace) -> dict[str, Any]:
     probe = compare_sim.LiveTimings() if want_cmp or want_out else None
     async with AsyncClient(target) as client:
         info = await client.info()
-        reqs = workload(args, info["model"], info["instances"][0]["hardware"])
+        reqs, too_long = workload_rows(args, info["model"], info["instances"][0]["hardware"])
         await send_all(reqs, lambda r, t0, bar: _one(client, r, t0, bar, probe),
                        *progress(args), probe=probe)
     if probe is not None:
         probe.after_run(reqs)
-    out = result(reqs, args, policy=",".join(info["policies"]),
+    out = result(reqs, args, policy=",".join(info["policies"]), too_long=too_long,
                  instances=len(info["instances"]), model=info["model"],
                  offloads=sum(r.num_offloads for r in reqs), endpoint="grpc", target=target)
     if want_cmp or want_out:

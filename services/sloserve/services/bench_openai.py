@@ -172,15 +172,15 @@ def base_url(target: str) -> str:
 
 async def replay(args: argparse.Namespace) -> dict[str, Any]:
     """One rate (``args.qps`` a number, ``bench_cmd.at_rate``) against ``args.target``."""
-    from sloserve.services.bench_cmd import progress, result, send_all, workload
+    from sloserve.services.bench_cmd import progress, result, send_all, workload_rows
 
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=base_url(args.target), timeout=httpx.Timeout(None),
                                  limits=limits) as client:
         info = await served_model(client, args.model)
         model = str(info["id"])
-        reqs = workload(args, args.workload_model or model, args.gpu)
+        reqs, too_long = workload_rows(args, args.workload_model or model, args.gpu)
         await send_all(reqs, lambda r, t0, bar: _one(client, r, model, args.temperature, t0, bar),
                        *progress(args))
     return result(reqs, args, policy=None, instances=None, model=model, offloads=0,
-                  endpoint="openai", target=args.target)
+                  endpoint="openai", target=args.target, too_long=too_long)

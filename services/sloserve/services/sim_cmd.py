@@ -9,6 +9,7 @@ from typing import Any
 
 from sloserve.admission import Admission
 from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
+from sloserve.metrics import MAX_DROP_SHARE
 from sloserve.policies import compared_names, get_spec, policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
@@ -42,6 +43,10 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                         "JCT SLO (AccelGen §4.3; default 0)")
     p.add_argument("--arrival", choices=("poisson", "gamma", "trace"), default="poisson")
     p.add_argument("--cv", type=positive(float), default=1.0, help="gamma arrivals' CV")
+    p.add_argument("--sample", choices=("random", "ordered"), default=None,
+                   help="trace rows drawn at random, or consecutive in the trace's own order "
+                        "(conversations kept in order); default: ordered for a trace with "
+                        "session or prefix identity, else random")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tp", type=positive(int), default=1)
     p.add_argument("--noise-cv", type=float, default=0.03)
@@ -101,6 +106,10 @@ def add_parser(sub: Any) -> None:
     cap.add_argument("--target", type=positive(float), default=0.9)
     cap.add_argument("--criterion", choices=("goodput", "tail", "token"), default="goodput")
     cap.add_argument("--qps-start", type=positive(float), default=1.0)
+    cap.add_argument("--max-drop-share", type=float, default=MAX_DROP_SHARE, metavar="SHARE",
+                     help="tail criterion: a rate dropping (or shedding) a larger share of its "
+                          f"requests fails (default {MAX_DROP_SHARE}; docs/workloads-and-"
+                          "metrics.md)")
     cmp = sub.add_parser("compare", help="every policy on the same workload, side by side")
     _common(cmp, compare=True)
     cmp.add_argument("--qps", type=positive(float), default=8.0,
@@ -119,7 +128,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
         qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
-        seed=args.seed, tp=args.tp,
+        sample=args.sample, seed=args.seed, tp=args.tp,
         noise_cv=args.noise_cv, noise_streams=args.noise_streams,
         noise_seed=args.noise_seed, workers=args.workers,
         timing_profile=args.timing_profile, metrics=args.metrics,
@@ -151,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
             out = simulate_draws(cfg, args.noise_draws) if args.noise_draws > 1 else simulate(cfg)
         else:
             out = find_capacity(config_from_args(args), args.criterion, args.target,
-                                qps_start=args.qps_start)
+                                qps_start=args.qps_start, max_drop_share=args.max_drop_share)
     except TraceError as exc:
         print(f"sloserve {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -167,21 +176,33 @@ def run(args: argparse.Namespace) -> int:
             for k, (lo, hi) in draws["range"].items():
                 print(f"  {k:<{width}}  {format_value(k, lo)} .. {format_value(k, hi)}")
     else:
-        print(f"capacity ({out['criterion']} >= target {out['target']}): "
-              f"{out['capacity_qps']} req/s")
+        rule = (f"drops counted, <= {out['max_drop_share']:g} dropped"
+                if out["criterion"] == "tail" else f">= target {out['target']}")
+        at = out["at_capacity"] or {}
+        served = "" if not at else (
+            f" (offered {format_value('offered_rps', at['offered_rps'])}, served "
+            f"{format_value('served_rps', at['served_rps'])}, dropped {at['dropped']}, "
+            f"too long {at['too_long']})")
+        print(f"capacity ({out['criterion']}, {rule}): {out['capacity_qps']} req/s{served}")
         for p in out["probes"]:
-            print(f"  qps {p['qps']:8.3f}  goodput {p['goodput_share']:.3f}  "
-                  f"tbt_p99 {p['tbt_token_p99']}  sched_delay_p50 {p['sched_delay_p50']}  "
-                  f"{'ok' if p['meets'] else 'miss'}")
+            print(f"  qps {p['qps']:8.3f}  offered {format_value('offered_rps', p['offered_rps'])}"
+                  f"  goodput {format_value('goodput_share', p['goodput_share'])}  "
+                  f"tbt_p99 {format_value('tbt_token_p99', p['tbt_token_p99'])}  "
+                  f"sched_delay_p50_all {format_value('sched_delay_p50', p['sched_delay_p50_all'])}"
+                  f"  dropped {p['dropped']} ({format_value('drop_share', p['drop_share'])})  "
+                  f"too long {p['too_long']}  {'ok' if p['meets'] else 'miss'}")
     return 0
 
 
 def _compare(args: argparse.Namespace) -> int:
     """Same seed, workload and GPUs for every policy; one with an HP role splits them
     (``PolicySpec.default_hp``). A knob flag goes to the policies that have it."""
+    from sloserve.metrics import format_value
     from sloserve.sim.simulator import simulate
 
     rows, cfg = [], None
+    if args.trace_file is not None:  # the sharegpt default is for no source given
+        args.trace = None
     for policy in compared_names(baselines=args.baselines):
         spec = get_spec(policy)
         args.policy = policy
@@ -195,10 +216,13 @@ def _compare(args: argparse.Namespace) -> int:
         print(json.dumps(_clean(rows), allow_nan=False))
         return 0
     cols = ("policy", "instances", "goodput_share", "ttft_p50", "ttft_p99", "tbt_token_p99",
-            "mean_tbt_p99", "token_criterion_share", "throughput_tok_s", "preemptions",
-            "sim_wall_s")
+            "mean_tbt_p99", "token_criterion_share", "dropped", "drop_share", "served_rps",
+            "throughput_tok_s", "preemptions", "sim_wall_s")
     slos = "hetero SLOs" if cfg.slo_mix else f"TTFT SLO {cfg.ttft_slo}s, TBT SLO {cfg.tbt_slo}s"
-    print(f"{args.num_requests} requests, {args.trace or args.trace_file}, {args.qps} req/s, "
+    first = rows[0]
+    print(f"{args.num_requests} requests, {args.trace or args.trace_file}, {args.qps} req/s "
+          f"asked, {format_value('offered_rps', first.get('offered_rps'))} offered, "
+          f"{first.get('too_long')} trace rows too long for the context dropped, "
           f"{args.instances} x {args.model} on {args.gpu}, {slos}")
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:

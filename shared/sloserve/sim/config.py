@@ -31,6 +31,9 @@ class SimConfig:
     jct_share: float = 0.0  # offline requests with only a JCT SLO (hetero mix, AccelGen §4.3)
     arrival: str = "poisson"  # poisson | gamma | trace
     cv: float = 1.0  # gamma arrivals' coefficient of variation
+    # trace rows: "random" | "ordered" (the trace's own order, sessions kept); None: ordered
+    # for a trace with session or prefix identity, else random (``workload.generate``)
+    sample: str | None = None
     seed: int = 0
     tp: int = 1
     block_size: int = 16
@@ -89,6 +92,9 @@ class SimConfig:
                    self.fixed_lengths is not None]
         if sum(sources) != 1:
             raise ValueError("trace: give exactly one of trace, trace_file, fixed_lengths")
+        if self.sample is not None and self.sample not in ("random", "ordered"):
+            raise ValueError(f"sample (--sample): must be 'random' or 'ordered', "
+                             f"got {self.sample!r}")
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
         if self.refit_interval is not None:

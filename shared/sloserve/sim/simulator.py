@@ -149,6 +149,7 @@ def _generate(cfg: SimConfig, model: ModelShape, timing: TimingSource) -> Worklo
         jct_share=cfg.jct_share,
         batch_time=timing.batch_time if cfg.slo_mix else None,
         max_context=model.max_context,
+        sample=cfg.sample,
     )
 
 

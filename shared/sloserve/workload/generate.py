@@ -1,9 +1,13 @@
 """Turn a length trace into timed requests with SLOs (``make_requests``).
 
-Sampling: ``num_requests`` rows are drawn at random from the trace, without
-replacement when the trace is long enough and with replacement otherwise; with
-``arrival="trace"`` the first ``num_requests`` rows are taken in order, with
-their own timestamps. Lengths, arrivals and SLOs use three independent RNG
+Sampling (``sample``, issue 38): ``"random"`` draws ``num_requests`` rows at random
+from the trace, without replacement when the trace is long enough and with
+replacement otherwise; ``"ordered"`` takes ``num_requests`` consecutive rows in the
+trace's own order from a seeded offset, so a conversation's turns (a session, or
+a prefix identity that later rows extend) stay in order and together. The default
+is ``"ordered"`` for a trace with session or prefix identity (``hash_ids``) and
+``"random"`` otherwise. With ``arrival="trace"`` the first ``num_requests`` rows
+are taken in order, with their own timestamps. Lengths, arrivals and SLOs use three independent RNG
 streams spawned from ``seed``, so changing the SLO mix leaves lengths and
 arrivals unchanged. Requests longer than ``max_context`` are removed and
 counted; ids keep their position in the generated sequence (``r000042``), so a
@@ -24,6 +28,13 @@ from sloserve.workload.slo_mix import SLO_MIXES, BatchTime, hetero_slos, uniform
 from sloserve.workload.traces import TraceRequest
 
 ARRIVALS = ("poisson", "gamma", "trace")
+SAMPLES = ("random", "ordered")
+
+
+def default_sample(lengths: Sequence[TraceRequest]) -> str:
+    """``"ordered"`` for a trace with session or prefix identity, else ``"random"``."""
+    keyed = any(r.hash_ids is not None or r.session is not None for r in lengths)
+    return "ordered" if keyed else "random"
 
 
 @dataclass(slots=True)
@@ -48,6 +59,7 @@ def make_requests(
     jct_share: float = 0.0,
     batch_time: BatchTime | None = None,
     max_context: int | None = None,
+    sample: str | None = None,
 ) -> Workload:
     """A deterministic workload for ``seed``.
 
@@ -55,13 +67,15 @@ def make_requests(
     ``jct_slo`` is given and ``none`` otherwise. ``hetero`` is AccelGen's mix
     (see :mod:`sloserve.workload.slo_mix`; ``batch_time`` supplies the
     prompt-group latencies, ``jct_share`` the share of offline JCT requests).
+    ``sample``: ``random`` | ``ordered`` (module docstring; ``None``: ``default_sample``).
     """
     mix = _check(lengths, num_requests, qps, arrival, ttft_slo, tbt_slo, jct_slo, slo_mix,
-                 max_context)
+                 max_context, sample)
     len_rng, arr_rng, slo_rng = (
         np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
     )
-    rows, times = _sample(lengths, num_requests, qps, arrival, cv, len_rng, arr_rng)
+    rows, times, how, offset = _sample(lengths, num_requests, qps, arrival, cv, sample,
+                                       len_rng, arr_rng)
     prompts = [r.prompt_len for r in rows]
     outputs = [r.output_len for r in rows]
     slos: list[SLO]
@@ -90,6 +104,8 @@ def make_requests(
     info: dict[str, object] = {
         "num_requests": len(requests),
         "num_too_long": num_requests - len(requests),
+        "sample": how,
+        "sample_offset": offset,
         "arrival": arrival,
         "qps": qps,
         "cv": cv if arrival == "gamma" else None,
@@ -99,14 +115,14 @@ def make_requests(
         "slo_mix": mix,
         "mean_prompt_len": float(np.mean([r.prompt_len for r in requests])) if requests else None,
         "mean_output_len": float(np.mean([r.output_len for r in requests])) if requests else None,
-        "sampled_with_replacement": arrival != "trace" and num_requests > len(lengths),
+        "sampled_with_replacement": how == "random" and num_requests > len(lengths),
     }
     return Workload(requests, num_requests - len(requests), info)
 
 
 def _check(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None, arrival: str,
            ttft_slo: float | None, tbt_slo: float | None, jct_slo: float | None,
-           slo_mix: str | None, max_context: int | None) -> str:
+           slo_mix: str | None, max_context: int | None, sample: str | None) -> str:
     """``make_requests``' arguments, each refused naming its flag; the SLO mix resolved."""
     if not lengths:
         raise ValueError("trace (--trace): has no requests")
@@ -120,6 +136,11 @@ def _check(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None
         raise ValueError(f"qps (--qps): must be a positive number of requests/s, got {qps!r}")
     if qps is None and arrival != "trace":
         raise ValueError(f"qps (--qps): required for --arrival {arrival}")
+    if sample is not None and sample not in SAMPLES:
+        raise ValueError(f"sample (--sample): must be one of {', '.join(SAMPLES)}, got {sample!r}")
+    if arrival == "trace" and sample == "random":
+        raise ValueError("sample (--sample): 'random' cannot keep --arrival trace's timestamps, "
+                         "which need consecutive rows in order")
     if max_context is not None and max_context < 2:
         raise ValueError(f"max_context (--max-context): must be >= 2 tokens, got {max_context}")
     mix = slo_mix or ("uniform" if (ttft_slo, tbt_slo, jct_slo) != (None,) * 3 else "none")
@@ -133,9 +154,10 @@ def _check(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None
 
 
 def _sample(lengths: Sequence[TraceRequest], num_requests: int, qps: float | None,
-            arrival: str, cv: float, len_rng: np.random.Generator,
-            arr_rng: np.random.Generator) -> tuple[list[TraceRequest], np.ndarray]:
-    """The trace rows and their arrival times (module docstring: sampling)."""
+            arrival: str, cv: float, sample: str | None, len_rng: np.random.Generator,
+            arr_rng: np.random.Generator) -> tuple[list[TraceRequest], np.ndarray, str, int]:
+    """The trace rows, their arrival times, how they were sampled and from which offset
+    (module docstring: sampling)."""
     if arrival == "trace":
         if num_requests > len(lengths):
             raise ValueError(
@@ -146,12 +168,22 @@ def _sample(lengths: Sequence[TraceRequest], num_requests: int, qps: float | Non
         if any(r.arrival is None for r in rows):
             raise ValueError("arrival (--arrival): 'trace' needs a trace with arrival times")
         times = trace_arrivals([r.arrival for r in rows if r.arrival is not None], qps)
+        return rows, times, "ordered", 0
+    how, offset = sample or default_sample(lengths), 0
+    if how == "ordered":
+        if num_requests > len(lengths):
+            raise ValueError(
+                f"num_requests (--num-requests): --sample ordered takes consecutive rows in "
+                f"the trace's order, but the trace has only {len(lengths)} (--sample random "
+                f"draws with replacement)")
+        offset = int(len_rng.integers(0, len(lengths) - num_requests + 1))
+        rows = list(lengths[offset:offset + num_requests])
     else:
         idx = len_rng.choice(len(lengths), size=num_requests, replace=num_requests > len(lengths))
         rows = [lengths[i] for i in idx]
-        assert qps is not None
-        if arrival == "poisson":
-            times = poisson_arrivals(num_requests, qps, arr_rng)
-        else:
-            times = gamma_arrivals(num_requests, qps, cv, arr_rng)
-    return rows, times
+    assert qps is not None
+    if arrival == "poisson":
+        times = poisson_arrivals(num_requests, qps, arr_rng)
+    else:
+        times = gamma_arrivals(num_requests, qps, cv, arr_rng)
+    return rows, times, how, offset

@@ -33,6 +33,9 @@ class TraceRequest:
     arrival: float | None = None  # seconds from the first request of the trace
     # prefix identity: Mooncake ``hash_ids``, one id per 512-token block (sloserve.kv_prefix)
     hash_ids: tuple[int, ...] | None = None
+    # session identity (a conversation's turns share it): ``SESSION_COLUMNS``; with either
+    # identity a trace is sampled in its own order by default (``workload.generate``)
+    session: str | None = None
 
 
 # name -> file in sloserve/data/traces (gzip-compressed, unmodified; see its README.md)
@@ -72,6 +75,8 @@ OUTPUT_COLUMNS = (
     "response_length",
     "decode_tokens",
 )
+# a conversation (session) id, when the file has one
+SESSION_COLUMNS = ("session_id", "conversation_id", "chat_id", "session", "conversation")
 # (column, unit): unit None = seconds, or epoch ms/us/ns decided by magnitude.
 ARRIVAL_COLUMNS: tuple[tuple[str, float | None], ...] = (
     ("arrived_at", None),
@@ -269,8 +274,10 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
     arrival_col: str | None = None
     unit: float | None = None
     hash_col: str | None = None
+    session_col: str | None = None
     lengths: list[tuple[int, int]] = []
     hashes: list[tuple[int, ...] | None] = []
+    sessions: list[str | None] = []
     raw_arrivals: list[tuple[int, Any]] = []
     for lineno, row in records:
         if not prompt_col:
@@ -283,6 +290,7 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
                     arrival_col, unit = norm[name], u
                     break
             hash_col = norm.get("hash_ids")
+            session_col = next((norm[c] for c in SESSION_COLUMNS if c in norm), None)
             if hash_col is not None and arrival_col == norm.get("timestamp"):
                 unit = 1e-3  # Mooncake traces: ``timestamp`` in ms from the trace start
         if hash_col is not None:
@@ -292,6 +300,13 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
             hashes.append(_hash_ids(path, lineno, value))
         else:
             hashes.append(None)
+        if session_col is not None:
+            value = row.get(session_col)
+            if value is None or (isinstance(value, str) and not value.strip()):
+                raise TraceError(f"{path} line {lineno}: {session_col} is missing")
+            sessions.append(str(value).strip())
+        else:
+            sessions.append(None)
         lengths.append(
             (
                 _length(path, lineno, row.get(prompt_col), "prompt"),
@@ -306,7 +321,9 @@ def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[Tr
     if not lengths:
         raise TraceError(f"{path}: no requests (header only)")
     if arrival_col is None:
-        return [TraceRequest(p, o, hash_ids=h) for (p, o), h in zip(lengths, hashes)]
+        return [TraceRequest(p, o, hash_ids=h, session=s)
+                for (p, o), h, s in zip(lengths, hashes, sessions)]
     times = _arrivals(path, raw_arrivals, unit)
     order = sorted(range(len(times)), key=times.__getitem__)
-    return [TraceRequest(*lengths[i], arrival=times[i], hash_ids=hashes[i]) for i in order]
+    return [TraceRequest(*lengths[i], arrival=times[i], hash_ids=hashes[i], session=sessions[i])
+            for i in order]
