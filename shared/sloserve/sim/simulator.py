@@ -22,6 +22,7 @@ from typing import Any
 from sloserve.admission import for_deployment, refusal
 from sloserve.batch import BatchPlan, BatchSample, BatchShape
 from sloserve.controller import Action, Controller, Dispatch
+from sloserve.deployment import REFIT_EVERY
 from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PREFIX_UNIT, PrefixCachingBlockManager, prefix_counts
@@ -53,7 +54,7 @@ from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
-REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
+
 GC_YOUNG = 50_000  # allocations between young GC collections during a run (see quiet_gc)
 FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
