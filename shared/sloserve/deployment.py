@@ -27,7 +27,7 @@ import json
 import math
 import os
 import typing
-from dataclasses import Field, asdict, dataclass, field, fields, replace
+from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any
 
 from sloserve.admission import Admission
@@ -43,12 +43,15 @@ DEPLOYMENT_ENV = "SLOSERVE_DEPLOYMENT"  # every service's Deployment, as JSON
 
 
 def setting(default: Any, help: str, *, flag: bool = True, min: float | None = None,
-            choices: tuple[str, ...] = ()) -> Any:
+            above: float | None = None, choices: tuple[str, ...] = ()) -> Any:
     """A Deployment field: its default, its ``--flag`` help, and the rule it is checked by
-    (``flag=False``: set through its own flags, e.g. the policy knobs or admission's)."""
+    (``min``: >=, ``above``: >; ``flag=False``: set through its own flags, e.g. the policy
+    knobs or admission's)."""
     meta: dict[str, Any] = {"help": help, "flag": flag}
     if min is not None:
         meta["min"] = min
+    if above is not None:
+        meta["above"] = above
     if choices:
         meta["choices"] = choices
     return field(default=default, metadata=meta)
@@ -85,14 +88,15 @@ class Deployment:
               "SGLang's; simulator off)")
     refit_interval: float | None = setting(
         None, f"refit the online perf model every S seconds (default: every {REFIT_EVERY} "
-              "batches, simulator and perf-model service alike)", min=0)
+              "batches, simulator and perf-model service alike)", above=0)
     perf_model: str = setting("online", "online: refit from measured batches; roofline: "
                                         "never refit (protocol tests)",
                               choices=("online", "roofline"))
-    ttft_slo: float | None = setting(TTFT_SLO, "TTFT SLO, s (default for requests without "
-                                               "their own)", min=0)
-    tbt_slo: float | None = setting(TBT_SLO, "TBT SLO, s; picks the default token budget "
-                                             "(Sarathi-Serve §5)", min=0)
+    ttft_slo: float | None = setting(TTFT_SLO, "TTFT SLO, s (for requests without their "
+                                               "own)", above=0)
+    tbt_slo: float | None = setting(TBT_SLO, "TBT SLO, s (for requests without their own); "
+                                             "picks the default token budget (Sarathi-Serve "
+                                             "§5)", above=0)
     seed: int = setting(0, "seed (workload and ground-truth noise)")
     noise_cv: float = setting(NOISE_CV, "run-to-run noise of the batch times (CV)", min=0)
 
@@ -176,13 +180,6 @@ def from_env(environ: typing.Mapping[str, str] | None = None) -> Deployment:
         raise ValueError(f"${DEPLOYMENT_ENV}: {exc}") from None
 
 
-def with_values(base: Deployment, **values: Any) -> Deployment:
-    """``base`` with ``values`` (``None`` left out: unset), checked."""
-    d = replace(base, **{k: v for k, v in values.items() if v is not None})
-    d.check()
-    return d
-
-
 def _check_setting(f: Field[Any], value: Any, hint: Any) -> None:
     if f.name in ("policy_config", "admission"):
         want = PolicyConfig if f.name == "policy_config" else Admission
@@ -199,8 +196,8 @@ def _check_setting(f: Field[Any], value: Any, hint: Any) -> None:
           or (float in kinds and isinstance(value, int | float) and not isinstance(value, bool))
           or (str in kinds and isinstance(value, str)))
     if not ok:
-        want = " or ".join(k.__name__ for k in kinds if k is not type(None))
-        raise ValueError(f"{f.name}: must be {want}, got {value!r}")
+        names = " or ".join(k.__name__ for k in kinds if k is not type(None))
+        raise ValueError(f"{f.name}: must be {names}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{f.name}: must be finite, got {value}")
     meta = f.metadata
@@ -209,3 +206,5 @@ def _check_setting(f: Field[Any], value: Any, hint: Any) -> None:
                          f"got {value!r}")
     if "min" in meta and not isinstance(value, bool) and value < meta["min"]:
         raise ValueError(f"{f.name}: must be >= {meta['min']}, got {value}")
+    if "above" in meta and not isinstance(value, bool) and value <= meta["above"]:
+        raise ValueError(f"{f.name}: must be > {meta['above']}, got {value}")

@@ -86,15 +86,16 @@ def add_policy_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(policy: str, args: argparse.Namespace, *,
-                     strict: bool = True) -> PolicyConfig:
-    """``policy``'s config from the knob flags set in ``args``.
+                     strict: bool = True, base: PolicyConfig | None = None) -> PolicyConfig:
+    """``policy``'s config from the knob flags set in ``args`` (over ``base``'s knobs, a
+    handed Deployment's, where it is ``policy``'s config; else over the defaults).
 
     A flag set that is not a knob of ``policy`` is an error (``strict``) or
     left out (``compare``, where each knob goes to the policies that have it).
     """
     spec = get_spec(policy)
     own = spec.knobs()
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = asdict(base) if isinstance(base, spec.config_cls) else {}
     for name in all_knobs():
         value = getattr(args, name, None)
         if value is None:

@@ -54,7 +54,6 @@ from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
-
 GC_YOUNG = 50_000  # allocations between young GC collections during a run (see quiet_gc)
 FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
