@@ -119,7 +119,7 @@ def deployment_from_args(args: argparse.Namespace, base: Deployment | None = Non
             continue
         got[f.name] = value
     got.update({k: v for k, v in values.items() if v is not None})
-    new = {**_fields(base), **got}
+    new = field_values(base, **got)
     for k in SLOS:
         if got.get(k) == 0:
             new[k] = None  # 0: no default SLO
@@ -137,8 +137,10 @@ def deployment_from_args(args: argparse.Namespace, base: Deployment | None = Non
     return d
 
 
-def _fields(d: Deployment) -> dict[str, Any]:
-    return {f.name: getattr(d, f.name) for f in fields(Deployment)}
+def field_values(d: Deployment, **values: Any) -> dict[str, Any]:
+    """``d``'s fields by name, ``values`` (``None`` included) over them: the keywords a
+    ``SimConfig``/``StackConfig`` is built from."""
+    return {**{f.name: getattr(d, f.name) for f in fields(Deployment)}, **values}
 
 
 def resolve_into(args: argparse.Namespace) -> Deployment:
