@@ -31,13 +31,10 @@ from dataclasses import Field, asdict, dataclass, field, fields
 from typing import Any
 
 from sloserve.admission import Admission
-from sloserve.defaults import TBT_SLO, TTFT_SLO
+from sloserve.defaults import GPU, MODEL, NOISE_CV, TBT_SLO, TTFT_SLO
 from sloserve.policies.base import PolicyConfig
 from sloserve.policies.registry import check_deployment, get_spec, policy_names
 
-DEFAULT_MODEL = "llama-3-8b"  # the model every example, profile and figure uses
-DEFAULT_GPU = "a100"  # the GPU of the shipped profiles (Vidur's A100 sweeps)
-NOISE_CV = 0.03  # run-to-run noise of the ground truth's batch times
 REFIT_EVERY = 512  # batches between online refits when no interval is given
 DEPLOYMENT_ENV = "SLOSERVE_DEPLOYMENT"  # every service's Deployment, as JSON
 
@@ -68,8 +65,8 @@ class Deployment:
     instances: int = setting(1, "instances (each one scheduler + executor)", min=1)
     hp_instances: int = setting(
         0, "Ascendra HP instances among --instances (2L1H: 3 and 1)", min=0)
-    model: str = setting(DEFAULT_MODEL, "model name")
-    gpu: str = setting(DEFAULT_GPU, "GPU (sim: profiled GPU; torch/vllm: cpu or a CUDA GPU)")
+    model: str = setting(MODEL, "model name")
+    gpu: str = setting(GPU, "GPU (sim: profiled GPU; torch/vllm: cpu or a CUDA GPU)")
     tp: int = setting(1, "tensor-parallel degree (simulator)", min=1)
     block_size: int = setting(16, "KV block size, tokens", min=1, flag=False)
     num_blocks: int | None = setting(None, "KV blocks per instance (default: from the GPU's "

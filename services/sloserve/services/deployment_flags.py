@@ -143,10 +143,10 @@ def field_values(d: Deployment, **values: Any) -> dict[str, Any]:
     return {**{f.name: getattr(d, f.name) for f in fields(Deployment)}, **values}
 
 
-def resolve_into(args: argparse.Namespace) -> Deployment:
+def resolve_into(args: argparse.Namespace, base: Deployment | None = None) -> Deployment:
     """A service's Deployment (:func:`deployment_from_args`), each of its flag fields in
     ``args`` replaced by the resolved value, so the service reads one answer."""
-    dep = deployment_from_args(args)
+    dep = deployment_from_args(args, base)
     for f in fields(Deployment):
         if f.metadata.get("flag") and hasattr(args, f.name):
             setattr(args, f.name, getattr(dep, f.name))
