@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from sloserve.deployment import Deployment
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
+from sloserve.policies.registry import check_deployment
 from sloserve.sim.split import split_refusal
 
 
@@ -57,7 +58,7 @@ class SimConfig(Deployment):
     workers: int = 1
 
     def validate(self) -> None:
-        self.check()
+        check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
         if not self.qps > 0:
             raise ValueError(f"qps: must be > 0, got {self.qps}")
         if self.num_requests < 1:
@@ -103,6 +104,7 @@ class SimConfig(Deployment):
             raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
         if self.workers > 1 and (why := split_refusal(self)) is not None:
             raise ValueError(why)
+        self.check()  # every Deployment field's own rule
 
     @property
     def truth_seed(self) -> int:
