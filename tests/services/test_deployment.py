@@ -156,3 +156,38 @@ def test_up_hands_every_service_the_resolved_deployment() -> None:
         assert got.tbt_slo == 0.3, name
         assert got.policy_config == get_spec("slack").config_cls(tail_tbt=0.3).resolved(
             tbt_slo=0.3), name
+
+
+def _sections(text: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    name = ""
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            name = line[:-1]
+        out[name] = out.get(name, "") + line + "\n"
+    return out
+
+
+@pytest.mark.parametrize("command", ["simulate", "capacity", "compare", "up"])
+def test_help_shows_every_default_and_groups_policy_knobs_under_their_policy(
+        command: str) -> None:
+    """Issue 35, item 4: each flag with a default says it; a knob one policy owns is listed
+    under that policy, one several share in a group of its own."""
+    import argparse
+
+    from sloserve.policies.flags import all_knobs, flag
+
+    sub = next(a for a in build_parser()._actions
+               if isinstance(a, argparse._SubParsersAction)).choices[command]
+    text = sub.format_help()
+    sections = _sections(text)
+    for name, owners in all_knobs().items():
+        where = (f"{owners[0][0].name} policy knobs" if len(owners) == 1
+                 else "policy knobs shared by several policies")
+        assert f"  {flag(name)}" in sections[where], (name, where)
+    for action in sub._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue
+        opt = ", ".join(action.option_strings)
+        block = text[text.index(f"  {opt}"):].split("\n  -", 1)[0]
+        assert "default" in block, (command, opt)
