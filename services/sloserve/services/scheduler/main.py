@@ -32,7 +32,6 @@ from sloserve.services.scheduler.state import RequestStore
 from sloserve.services.store import Keys
 
 PREFIX_CACHING_BACKENDS = ("torch", "vllm", "sim")  # executors that accept a start past 0
-OVERLAP_DEFAULT = os.environ.get("SLOSERVE_OVERLAP", "1") != "0"  # the Deployment's None
 
 
 async def _describe(
@@ -68,7 +67,9 @@ async def serve(args: argparse.Namespace) -> None:
     )
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
-    overlap = OVERLAP_DEFAULT if dep.overlap is None else dep.overlap
+    # the Deployment's None: on (SGLang's choice), unless $SLOSERVE_OVERLAP=0
+    overlap = os.environ.get("SLOSERVE_OVERLAP", "1") != "0" if dep.overlap is None \
+        else dep.overlap
     svc = SchedulerService(instance, store, dep.policy, desc, clock, log,
                            admission, hang, overlap=overlap, deployment=dep)
     store.live, store.outage.log = svc.live_requests, svc.log
