@@ -30,7 +30,8 @@ PROMPT, OUTPUT = 1024, 32
 # the budget the unscaled TBT SLO (0.15 s, strict) gives: the scaled one would relax it
 STACK = dict(policy="sarathi", time_scale=TIME_SCALE, ttft_slo=TTFT, tbt_slo=TBT,
              policy_config=SarathiConfig(token_budget=512),
-             admission=Admission())  # `up --admission` (off by default, as vLLM)
+             admission=Admission(),  # `up --admission` (off by default, as vLLM)
+             prefix_caching=False)  # CAPACITY is without it: the 50 prompts repeat
 
 
 def rss_mb(pid: int) -> float:
