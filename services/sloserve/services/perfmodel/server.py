@@ -89,8 +89,8 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
         """Read samples and refit for ever; a Redis error pauses it (backoff), never ends it.
 
         ``refit_interval`` S: a refit every S seconds when samples came; ``None`` (the
-        Deployment's default): one every ``REFIT_EVERY`` samples (batches), as the
-        simulator's online model refits."""
+        Deployment's default): a fit on the first samples (the executors' warm-up sweep),
+        then one every ``REFIT_EVERY`` samples (batches), as the simulator's online model."""
         last_id = "0"
         next_fit = time.monotonic()
         fresh = 0
@@ -124,8 +124,9 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
                     self.window.append(sample)
                     fresh += 1
             del self.window[:-WINDOW]
-            if refit_interval is None:
-                if fresh >= REFIT_EVERY:
+            if refit_interval is None:  # the first samples (the executors' warm-up sweep)
+                # fit at once, as the simulator fits its sweep; then every REFIT_EVERY
+                if fresh >= REFIT_EVERY or (fresh and self.current.version == 0):
                     fresh = 0
                     await self._refit()
             elif time.monotonic() >= next_fit:
