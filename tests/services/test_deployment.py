@@ -191,3 +191,11 @@ def test_help_shows_every_default_and_groups_policy_knobs_under_their_policy(
         opt = ", ".join(action.option_strings)
         block = text[text.index(f"  {opt}"):].split("\n  -", 1)[0]
         assert "default" in block, (command, opt)
+
+
+def test_compare_names_the_deployment_it_ran(capsys: pytest.CaptureFixture[str]) -> None:
+    from sloserve.services.cli import main
+
+    assert main(["compare", "--num-requests", "20", "--qps", "2"]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert "3 x llama-3-8b on a100" in head, head

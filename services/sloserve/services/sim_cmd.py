@@ -172,7 +172,7 @@ def _compare(args: argparse.Namespace) -> int:
             "sim_wall_s")
     slos = "hetero SLOs" if cfg.slo_mix else f"TTFT SLO {cfg.ttft_slo}s, TBT SLO {cfg.tbt_slo}s"
     print(f"{args.num_requests} requests, {args.trace or args.trace_file}, {args.qps} req/s, "
-          f"{args.instances} x {args.model} on {args.gpu}, {slos}")
+          f"{cfg.instances} x {cfg.model} on {cfg.gpu}, {slos}")
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
         cells = [r.get(c) for c in cols]
