@@ -19,6 +19,7 @@ through ``policies.drop_late.with_drop_late``. Writes one JSON object to
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from collections.abc import Sequence
@@ -57,7 +58,7 @@ def deployments() -> list[tuple[str, SimConfig]]:
 
 
 def run(label: str, cfg: SimConfig, qps: float, num_requests: int, seed: int) -> dict[str, Any]:
-    cfg.qps, cfg.num_requests, cfg.seed = qps, num_requests, seed
+    cfg = dataclasses.replace(cfg, qps=qps, num_requests=num_requests, seed=seed)
     out = simulate(cfg)
     n, good, dropped = out["requests"], out["good"], out["dropped"]
     return {"policy": label,

@@ -6,6 +6,9 @@ and the policy configs all read them from here.
 
 from __future__ import annotations
 
+MODEL = "llama-3-8b"  # the model every example, profile and figure uses
+GPU = "a100"  # the GPU of the shipped profiles (Vidur's A100 sweeps)
+NOISE_CV = 0.03  # run-to-run noise (CV) of the ground truth's batch times
 TTFT_SLO = 1.0  # uniform TTFT SLO (Ascendra §8.1 uses 1 s for ShareGPT-sized prompts)
 TBT_SLO = 0.15  # uniform TBT SLO: strict, as Sarathi-Serve §5's P99 TBT target for Llama-3-8B
 READING_SPEED_TBT = 0.1875  # s/token, normal reading speed (AccelGen §1, §4.3)

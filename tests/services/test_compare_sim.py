@@ -53,6 +53,8 @@ def test_compare_sim_reports_live_and_sim_per_metric_and_saves_a_loadable_profil
     # its online perf model refits on the live perf-model service's clock (this stack's
     # --refit-interval 0.5, conftest), as the published fit says it to every scheduler
     assert cfg["refit_interval"] == 0.5
+    # and its prefix caching is the Deployment's the schedulers report (on by default)
+    assert cfg["prefix_caching"] is True
     assert cmp["sim_iterations"] > 0 and cmp["live_iterations"] > 0
     assert cmp["live_offloads"] == out["offloads"] == 0 and cmp["sim_offloads"] == 0
     assert cmp["arrival_lag_p50_ms"] is not None and cmp["delivery_lag_p50_ms"] >= 0

@@ -230,14 +230,15 @@ def test_requests_dropped_under_overload_get_429(start_stack: Callable[..., Stac
 
 def test_admission_shedding_at_the_door_is_429_over_http(
         start_stack: Callable[..., Stack], tmp_path: Path) -> None:
-    """The scheduler's admission control (``sloserve.admission``, on by default) refuses a
+    """The scheduler's admission control (``sloserve.admission``, ``up --admission``) refuses a
     request that cannot meet its TTFT SLO behind the queue: over HTTP that is OpenAI's
     429, its message the ``shed:`` reason, streamed or not."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from sloserve.admission import SHED_PREFIX
+    from sloserve.admission import SHED_PREFIX, Admission
 
-    s = start_stack(policy="sarathi", http_port=free_port())  # no drop_late: only admission
+    s = start_stack(policy="sarathi", http_port=free_port(),
+                    admission=Admission())  # no drop_late: only admission
     body = {"prompt": [65] * 2000, "max_tokens": 2, "ttft_slo_ms": 300}
 
     def post(k: int) -> httpx.Response:

@@ -104,4 +104,4 @@ def test_hp_instances_without_ascendra_is_rejected_naming_the_flag(
         capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["simulate", "--policy", "sarathi", "--instances", "3", "--hp-instances", "1",
                "--trace", "sharegpt", "--qps", "1", *BASE])
-    assert rc == 2 and "hp_instances" in capsys.readouterr().err
+    assert rc == 2 and "--hp-instances: " in capsys.readouterr().err

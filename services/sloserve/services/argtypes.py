@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
@@ -30,3 +31,25 @@ def number(kind: type, minimum: float, strict: bool = True) -> Callable[[str], A
 def positive(kind: type) -> Callable[[str], Any]:
     """A finite ``kind`` > 0."""
     return number(kind, 0)
+
+
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` with every flag's default (issue 35, item 4): appended where the help
+    does not already say it and there is one to show (not None, not an off switch)."""
+
+    @staticmethod
+    def _shows_default(action: argparse.Action) -> bool:
+        return bool(action.option_strings) and not action.required and \
+            action.default not in (None, False, argparse.SUPPRESS) and \
+            "default" not in (action.help or "")
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if not action.help and self._shows_default(action):  # a flag without help text
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if not self._shows_default(action):
+            return action.help
+        return f"{action.help} (default: %(default)s)"

@@ -29,7 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
+from sloserve.defaults import GPU, HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
 from sloserve.request import Request, RequestStatus
 from sloserve.services.bench_metrics import (
     DEFAULT_PERCENTILES,
@@ -55,7 +55,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--workload-model", default=None,
                    help="openai: model preset whose max context caps the workload "
                         "(default: the served name)")
-    p.add_argument("--gpu", default="a100",
+    p.add_argument("--gpu", default=GPU,
                    help="openai: hardware whose profile scales a --slo-mix hetero workload")
     p.add_argument("--temperature", type=float, default=0.0, help="openai: sampling temperature")
     src = p.add_mutually_exclusive_group(required=True)

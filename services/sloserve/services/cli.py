@@ -10,7 +10,9 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
+
+from sloserve.services.argtypes import DefaultsHelpFormatter
 
 # subcommand -> module under sloserve.services
 SUBCOMMANDS = {
@@ -27,6 +29,10 @@ SUBCOMMANDS = {
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)  # --help shows defaults
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # one line, exit 2
         self.exit(2, f"{self.prog}: error: {message}\n")
 

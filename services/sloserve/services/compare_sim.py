@@ -4,7 +4,8 @@ Issue 14, build item 4: after a bench run against a stack, the same workload
 (trace, seed, arrivals, SLOs, request count, rate) is simulated in this process
 with the deployment the stack reports about itself: the gateway's ``Info``
 (model, hardware, instances and roles, KV blocks) and each scheduler's
-``Status`` (policy and ``policy_config``, every knob resolved). The live stack's
+``Status`` (policy and ``policy_config``, every knob resolved; ``deployment``, the
+resolved ``Deployment`` it runs, whose prefix caching is simulated). The live stack's
 scheduler's admission limits (its ``Status.admission``: ``up``'s flags) are simulated too
 (``simulate --admission``).
 Optionally the simulator's ground truth includes a measured overhead profile
@@ -44,6 +45,7 @@ from typing import Any
 
 import grpc
 
+from sloserve.deployment import Deployment
 from sloserve.policies import get_spec
 from sloserve.sim.config import SimConfig
 from sloserve.sim.overhead import OverheadProfile
@@ -168,6 +170,8 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
     # every instance runs the config `up` resolved once; an HP's role rules are applied
     # by the policy, not written into it, so the first LP's is the deployment's
     lp = [st for st in sts if st.role != "hp"]
+    said = (lp or sts)[0].deployment
+    dep = Deployment.from_json(said) if said else None
     raw = json.loads((lp or sts)[0].policy_config)
     knobs = spec.knobs()
     config = spec.config_cls(**{k: v for k, v in raw.items() if k in knobs})
@@ -184,7 +188,9 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         policy_config=config, admission=from_json((lp or sts)[0].admission),
         overhead_profile=overhead_profile,
         overlap=all(st.overlap for st in sts),  # the scheduler's loop (sloserve.driver)
-        prefix_caching=False,  # `up` runs its schedulers without prefix caching
+        # the Deployment the schedulers run (Status.deployment); a scheduler that does not
+        # say is one from before it, which ran without prefix caching
+        prefix_caching=dep.prefix_caching if dep is not None else False,
         refit_interval=live_refit_interval(sts),
     )
     # the executors' own noise draws where they can be replayed, else one stream seeded by
@@ -227,6 +233,7 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
                        "overhead_profile": cfg.overhead_profile, "overlap": cfg.overlap,
                        "noise_seed": cfg.truth_seed, "noise_streams": cfg.noise_streams,
                        "noise_cv": cfg.noise_cv, "refit_interval": cfg.refit_interval,
+                       "prefix_caching": cfg.prefix_caching,
                        # the executors' own noise draws, not the workload seed's stream
                        "noise_replayed": cfg.noise_seed is not None,
                        "policy_config": json.loads(sts[0].policy_config)},

@@ -233,9 +233,11 @@ def service_parser(
     name: str, *, port: int | None = None, redis: bool = True
 ) -> argparse.ArgumentParser:
     """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
+    from sloserve.services.argtypes import DefaultsHelpFormatter
     from sloserve.services.store import DEFAULT_REDIS_URL, redis_url
 
-    p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}")
+    p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}",
+                                formatter_class=DefaultsHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     if port is None:
         p.add_argument("--port", type=int, required=True)

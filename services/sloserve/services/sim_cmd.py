@@ -7,37 +7,35 @@ import json
 import sys
 from typing import Any
 
-from sloserve.admission import Admission
-from sloserve.defaults import HETERO_TBT_SLO, TBT_SLO, TTFT_SLO, workload_slos
+from sloserve.defaults import HETERO_TBT_SLO, workload_slos
+from sloserve.deployment import Deployment
 from sloserve.metrics import MAX_DROP_SHARE
-from sloserve.policies import compared_names, get_spec, policy_names
+from sloserve.policies import compared_names, get_spec
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
+from sloserve.services import admission_flags, deployment_flags
 from sloserve.services.argtypes import positive
 from sloserve.sim.config import SimConfig
 
+SIM_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "tp", "num_blocks",
+              "prefix_caching", "prefix_routing", "overlap", "refit_interval", "perf_model",
+              "ttft_slo", "tbt_slo", "seed", "noise_cv")  # the Deployment's flags here
+
 
 def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
-    if not compare:
-        p.add_argument("--policy", required=True, choices=policy_names())
-    p.add_argument("--instances", type=positive(int), default=3 if compare else 1)
-    p.add_argument("--hp-instances", type=int, default=0,
-                   help="Ascendra HP instances among --instances (2L1H: 3 and 1)")
-    p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100")
+    deployment_flags.add_flags(
+        p, SIM_FIELDS if not compare else SIM_FIELDS[1:],
+        defaults={"instances": 3} if compare else None, required=() if compare else ("policy",))
     src = p.add_mutually_exclusive_group(required=not compare)
     src.add_argument("--trace", help="sharegpt | arxiv | bwb | azure-conv | azure-code | "
                                      "multiturn (synthetic chats with shared prefixes)")
     src.add_argument("--trace-file", help="CSV/JSONL with prompt and output token columns "
                                           "(and Mooncake hash_ids for prefix caching)")
     p.add_argument("--num-requests", type=positive(int), default=1000)
-    p.add_argument("--ttft-slo", type=positive(float), default=None,
-                   help=f"seconds (default {TTFT_SLO}; with --slo-mix hetero: the anchor that "
-                        "replaces each length group's prefill latency, which is the default)")
-    p.add_argument("--tbt-slo", type=positive(float), default=None,
-                   help=f"seconds (default {TBT_SLO}; with --slo-mix hetero: {HETERO_TBT_SLO})")
     p.add_argument("--slo-mix", choices=("hetero",), default=None,
-                   help="per-request SLOs drawn as AccelGen §3/§6.1 do")
+                   help="per-request SLOs drawn as AccelGen §3/§6.1 do (then --ttft-slo "
+                        "defaults to each length group's prefill latency and --tbt-slo to "
+                        f"{HETERO_TBT_SLO})")
     p.add_argument("--jct-share", type=float, default=0.0,
                    help="with --slo-mix hetero: share of offline requests that carry only a "
                         "JCT SLO (AccelGen §4.3; default 0)")
@@ -47,9 +45,6 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="trace rows drawn at random, or consecutive in the trace's own order "
                         "(conversations kept in order); default: ordered for a trace with "
                         "session or prefix identity, else random")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tp", type=positive(int), default=1)
-    p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--noise-streams", choices=("run", "instance"), default="run",
                    help="run: every batch's noise from one stream in global batch order "
                         "(default); instance: one stream per instance, as the live stack's "
@@ -66,13 +61,6 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
     p.add_argument("--overhead-profile", default=None, metavar="FILE",
                    help="the live stack's measured gap between batches as part of the ground "
                         "truth (`sloserve bench --overhead-out FILE`; docs/lab/live-stack.md)")
-    p.add_argument("--overlap", action="store_true",
-                   help="model the live scheduler's overlap scheduling (its default): plan k+1 "
-                        "is decided when plan k starts, with k applied (docs/lab/live-stack.md)")
-    p.add_argument("--refit-interval", type=positive(float), default=None, metavar="S",
-                   help="refit the online perf model every S seconds of simulated time when "
-                        "batches came, as the live perf-model service does (`up`: 1 s); "
-                        "default: every 512 batches")
     p.add_argument("--controller-lag", action="store_true",
                    help="with --overhead-profile: each instance's report (first tokens, queue "
                         "state) reaches the controller after the gateway's measured delivery "
@@ -81,15 +69,7 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
-                   help="turn off automatic prefix caching (on by default, as in vLLM V1; it "
-                        "only acts on requests with a prefix identity)")
-    p.add_argument("--prefix-routing", action="store_true",
-                   help="route new requests to the instance caching their prefix, within a "
-                        "load bound (SGLang's cache-aware router), instead of round-robin")
-    p.add_argument("--admission", action="store_true",
-                   help="refuse arrivals as the live scheduler does by default (bounded "
-                        "queues, TTFT shedding at its defaults; docs/reliability.md)")
+    admission_flags.add_flags(p)
     add_policy_flags(p)
 
 
@@ -122,24 +102,21 @@ def add_parser(sub: Any) -> None:
 
 def config_from_args(args: argparse.Namespace, qps: float = 1.0,
                      strict: bool = True) -> SimConfig:
+    """The Deployment the flags set (every other field its one default) + the workload."""
     ttft, tbt = workload_slos(args.ttft_slo, args.tbt_slo, args.slo_mix)
+    dep = deployment_flags.deployment_from_args(
+        args, Deployment(), policy_config=policy_config_from_args(args.policy, args,
+                                                                  strict=strict))
     cfg = SimConfig(
-        policy=args.policy, model=args.model, gpu=args.gpu, instances=args.instances,
-        hp_instances=args.hp_instances, trace=args.trace, trace_file=args.trace_file,
-        qps=qps, num_requests=args.num_requests, ttft_slo=ttft, tbt_slo=tbt,
+        **deployment_flags.field_values(dep, ttft_slo=ttft, tbt_slo=tbt,
+                                        admission=admission_flags.limits_from_args(args)),
+        trace=args.trace, trace_file=args.trace_file,
+        qps=qps, num_requests=args.num_requests,
         slo_mix=args.slo_mix, jct_share=args.jct_share, arrival=args.arrival, cv=args.cv,
-        sample=args.sample, seed=args.seed, tp=args.tp,
-        noise_cv=args.noise_cv, noise_streams=args.noise_streams,
-        noise_seed=args.noise_seed, workers=args.workers,
+        sample=args.sample, noise_streams=args.noise_streams, noise_seed=args.noise_seed,
+        workers=args.workers,
         timing_profile=args.timing_profile, metrics=args.metrics,
-        overhead_profile=getattr(args, "overhead_profile", None),
-        overlap=getattr(args, "overlap", False),
-        refit_interval=getattr(args, "refit_interval", None),
-        controller_lag=getattr(args, "controller_lag", False),
-        policy_config=policy_config_from_args(args.policy, args, strict=strict),
-        prefix_caching=getattr(args, "prefix_caching", True),
-        prefix_routing=getattr(args, "prefix_routing", False),
-        admission=Admission() if getattr(args, "admission", False) else None,
+        overhead_profile=args.overhead_profile, controller_lag=args.controller_lag,
     )
     cfg.validate()
     return cfg
@@ -223,7 +200,7 @@ def _compare(args: argparse.Namespace) -> int:
     print(f"{args.num_requests} requests, {args.trace or args.trace_file}, {args.qps} req/s "
           f"asked, {format_value('offered_rps', first.get('offered_rps'))} offered, "
           f"{first.get('too_long')} trace rows too long for the context dropped, "
-          f"{args.instances} x {args.model} on {args.gpu}, {slos}")
+          f"{cfg.instances} x {cfg.model} on {cfg.gpu}, {slos}")
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows:
         cells = [r.get(c) for c in cols]

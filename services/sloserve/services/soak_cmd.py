@@ -33,9 +33,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sloserve.defaults import TBT_SLO, TTFT_SLO
-from sloserve.policies import policy_names
+from sloserve.deployment import Deployment
 from sloserve.request import Request
+from sloserve.services import deployment_flags
 
 DEADLINE_S = 120.0  # per request, beyond its own generation time
 
@@ -48,12 +48,8 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--capacity", type=float, default=None,
                    help="req/s (default: the simulator's goodput capacity estimate)")
     p.add_argument("--estimate-requests", type=int, default=300)
-    p.add_argument("--policy", default="sarathi", choices=policy_names())
-    p.add_argument("--instances", type=int, default=1)
-    p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100")
+    deployment_flags.add_flags(p, ("policy", "instances", "model", "gpu", "seed"))
     p.add_argument("--trace", default="sharegpt")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sample-every", type=float, default=5.0, help="RSS sampling period, s")
     p.add_argument("--warmup", type=float, default=None,
                    help="s before the RSS baseline (default 20%% of --duration)")
@@ -211,6 +207,7 @@ def run(args: argparse.Namespace) -> int:
     from sloserve.services.stack import Stack, StackConfig
     from sloserve.services.store import free_port
 
+    deployment_flags.resolve_into(args, Deployment())  # unset flags: the one defaults
     for flag, v in (("--duration", args.duration), ("--load", args.load),
                     ("--sample-every", args.sample_every)):
         if not v > 0:
@@ -227,8 +224,7 @@ def run(args: argparse.Namespace) -> int:
           flush=True)
     stack = Stack(StackConfig(policy=args.policy, instances=args.instances, model=args.model,
                               gpu=args.gpu, gateway_port=free_port(), redis_url=args.redis_url,
-                              seed=args.seed, log_dir=log_dir, ttft_slo=TTFT_SLO,
-                              tbt_slo=TBT_SLO))
+                              seed=args.seed, log_dir=log_dir))
     tally = Tally()
     with stack:
         from sloserve.services.supervisor import Supervisor

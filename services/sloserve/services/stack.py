@@ -21,12 +21,11 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sloserve.admission import Admission
-from sloserve.defaults import TBT_SLO, TTFT_SLO
-from sloserve.policies import PolicyConfig, check_deployment, get_spec, instance_roles
+from sloserve.deployment import Deployment
+from sloserve.policies import instance_roles
 from sloserve.policies.flags import config_to_argv
 from sloserve.services import admission_flags
 from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
@@ -53,38 +52,27 @@ def start_budget(backend: str) -> float:
     return {VLLM: VLLM_START_S, TORCH: TORCH_START_S}.get(backend, DEFAULT_START_S)
 
 
-@dataclass(slots=True)
-class StackConfig:
-    policy: str = "sarathi"
-    instances: int = 1
-    hp_instances: int = 0
+@dataclass(frozen=True, slots=True)
+class StackConfig(Deployment):
+    """A ``Deployment`` (``sloserve.deployment``: policy, instances, model, GPU, KV, prefix
+    caching, admission, overlap, refit clock, SLOs, noise) plus the processes that run it
+    (issue 32, item 2). Every service is handed the resolved Deployment (``--deployment``)."""
+
     backend: str = "sim"
-    model: str = "llama-3-8b"
-    gpu: str = "a100"
     weights: str | None = None
     host: str = "127.0.0.1"
     gateway_port: int = 50051
     redis_url: str | None = None  # None: $REDIS_URL, else embedded
     prefix: str = ""  # "": sloserve:<random>, whose keys are deleted on stop
-    policy_config: PolicyConfig | None = None  # None: the policy's defaults
-    ttft_slo: float | None = TTFT_SLO  # gateway defaults
-    tbt_slo: float | None = TBT_SLO
-    seed: int = 0
-    noise_cv: float = 0.03
     time_scale: float = 1.0
-    num_blocks: int | None = None
     dtype: str | None = None  # torch/vllm executors; None: the backend's default
     enforce_eager: bool = False  # vllm executors: eager model (default compiled, as vllm serve)
-    refit_interval: float = 1.0
     log_dir: Path | None = None  # None: children inherit stderr
     # protocol tests (docs/architecture.md): the simulator's clock and timing, decision logs
     clock: str = "wall"  # "virtual": schedulers run the event clock, sim executors follow it
     fixed_batch_time: float | None = None  # sim executors: every batch takes this long
     decision_dir: Path | None = None  # gateway.jsonl + scheduler-<id>.jsonl decision logs
     coefficients_wait: float = 20.0  # schedulers wait this long for the first perf-model fit
-    perf_model: str = "online"  # "roofline": schedulers never refit (protocol tests)
-    prefix_caching: bool = False  # schedulers share cached prefix blocks (torch, vllm, sim)
-    admission: Admission | None = Admission()  # every scheduler's limits; None: queue all
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
@@ -93,15 +81,18 @@ class StackConfig:
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
 
     def validate(self) -> None:
-        check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
+        self.check()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
+        if self.prefix_routing:
+            raise ValueError("prefix_routing (--prefix-routing): the live controller routes "
+                             "round-robin (prefix-aware routing live is issue 33, item 4)")
 
-    def resolved_policy_config(self) -> PolicyConfig:
-        """The config every scheduler gets, SLO-dependent defaults filled in as ``simulate``
-        fills them (the gateway's default TBT SLO stands for the workload's)."""
-        base = self.policy_config or get_spec(self.policy).config_cls()
-        return base.resolved(tbt_slo=self.tbt_slo, slo_mix=None)
+    def resolved(self) -> Deployment:
+        """The Deployment every service is handed: the policy's SLO-dependent defaults
+        filled in as ``simulate`` fills them (the gateway's TBT SLO stands for the
+        workload's)."""
+        return replace(self.deployment(), policy_config=self.resolved_policy_config())
 
 
 class StartFailed(RuntimeError):
@@ -182,12 +173,17 @@ class Stack:
 
     def plan(self) -> None:
         c, h = self.cfg, INTERNAL_HOST
-        common = ["--prefix", self.prefix]  # the Redis URL travels in $REDIS_URL
+        dep = c.resolved()
+        # every service is handed the resolved Deployment; the flags beside it say the same
+        # for a reader of `ps` and keep each service's own command line complete
+        common = ["--prefix", self.prefix, "--deployment", dep.to_json()]  # Redis: $REDIS_URL
         p = self._port(h)
+        refit = [] if c.refit_interval is None else ["--refit-interval", str(c.refit_interval)]
         self._add("perfmodel", self._module(
-            "perfmodel", p, "--model", c.model, "--gpu", c.gpu,
-            "--refit-interval", str(c.refit_interval), *common), f"{h}:{p}", "perfmodel")
-        knobs = config_to_argv(c.resolved_policy_config())
+            "perfmodel", p, "--model", c.model, "--gpu", c.gpu, *refit, *common),
+            f"{h}:{p}", "perfmodel")
+        assert dep.policy_config is not None
+        knobs = config_to_argv(dep.policy_config)
         # a vLLM executor answers Describe only once vLLM is imported and the model loaded
         budget = start_budget(c.backend)
         wait = ["--connect-timeout", str(budget)] if budget > DEFAULT_START_S else []
@@ -214,12 +210,12 @@ class Stack:
                 "--num-hp", str(c.hp_instances), *knobs, "--executor", f"{h}:{pe}",
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
-                *(["--prefix-caching"] if c.prefix_caching else []),
+                "--prefix-caching" if c.prefix_caching else "--no-prefix-caching",
                 *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
-              "--clock", c.clock, *self._decision_log("gateway")]
+              "--clock", c.clock, "--deployment", dep.to_json(), *self._decision_log("gateway")]
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:

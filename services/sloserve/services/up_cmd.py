@@ -22,11 +22,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from sloserve.defaults import TBT_SLO, TTFT_SLO
-from sloserve.policies import policy_names
+from sloserve.deployment import Deployment
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
-from sloserve.services import admission_flags
+from sloserve.services import admission_flags, deployment_flags
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
@@ -34,17 +33,16 @@ from sloserve.services.supervisor import Policy, Supervisor
 
 UNHEALTHY_S = 10.0
 UNHEALTHY_REAL_S = 60.0
+# the Deployment's flags here (prefix routing is not live yet; tensor parallelism is simulated)
+UP_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "num_blocks",
+             "prefix_caching", "overlap", "refit_interval", "ttft_slo", "tbt_slo", "seed",
+             "noise_cv")
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("up", help="start the live stack (gRPC services + Redis)")
-    p.add_argument("--policy", default="sarathi", choices=policy_names())
-    p.add_argument("--instances", type=int, default=1)
-    p.add_argument("--hp-instances", type=int, default=0)
+    deployment_flags.add_flags(p, UP_FIELDS, zero_is_none=True)
     p.add_argument("--backend", default="sim", choices=("sim", "torch", "vllm"))
-    p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100",
-                   help="sim: profiled GPU; torch/vllm: cpu or a CUDA GPU")
     p.add_argument("--weights", default=None,
                    help="torch: local checkpoint directory; vllm: a Hugging Face directory")
     p.add_argument("--host", default="127.0.0.1",
@@ -56,12 +54,6 @@ def add_parser(subparsers: Any) -> None:
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
-    p.add_argument("--ttft-slo", type=float, default=TTFT_SLO, help="gateway default, s")
-    p.add_argument("--tbt-slo", type=float, default=TBT_SLO,
-                   help="gateway default, s; picks the default token budget as simulate does")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--noise-cv", type=float, default=0.03)
-    p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--dtype", default=None,
                    help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
     p.add_argument("--enforce-eager", action="store_true",
@@ -80,24 +72,22 @@ def add_parser(subparsers: Any) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> StackConfig:
-    """Policy knobs from the same generated flags as ``sloserve simulate``."""
-    policy_config = policy_config_from_args(args.policy, args)
+    """The Deployment from the same generated flags as ``sloserve simulate`` (policy knobs
+    included) + the processes that run it."""
+    dep = deployment_flags.deployment_from_args(
+        args, Deployment(), policy_config=policy_config_from_args(args.policy or "sarathi",
+                                                                  args))
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="sloserve-"))
     cfg = StackConfig(
-        policy=args.policy, instances=args.instances, hp_instances=args.hp_instances,
-        backend=args.backend, model=args.model, gpu=args.gpu, weights=args.weights,
+        **deployment_flags.field_values(dep, admission=admission_flags.limits_from_args(args)),
+        backend=args.backend, weights=args.weights,
         host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
-        policy_config=policy_config,
-        ttft_slo=args.ttft_slo or None, tbt_slo=args.tbt_slo or None, seed=args.seed,
-        noise_cv=args.noise_cv, num_blocks=args.num_blocks, log_dir=log_dir, dtype=args.dtype,
-        enforce_eager=args.enforce_eager,
+        log_dir=log_dir, dtype=args.dtype, enforce_eager=args.enforce_eager,
         api_key_file=args.api_key_file,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
-        admission=admission_flags.limits_from_args(args),
     )
     cfg.validate()
     return cfg
-
 
 
 def _masked(url: str) -> str:
@@ -120,9 +110,11 @@ def run(args: argparse.Namespace) -> int:
     if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
-    check_up(args.backend, args.model, args.gpu, args.weights, args.redis_url,  # 1 line, exit 2
+    d = Deployment()  # the flags left unset: its defaults
+    check_up(args.backend, args.model or d.model, args.gpu or d.gpu, args.weights,  # 1 line,
+             args.redis_url,  # exit 2
              port=args.port, http_port=args.http_port, host=args.host, dtype=args.dtype,
-             executors=max(args.instances, 1))
+             executors=args.instances or d.instances)
     cfg = config_from_args(args)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):

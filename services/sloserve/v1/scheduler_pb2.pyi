@@ -261,6 +261,7 @@ class SchedulerStatus(_message.Message):
     COEFFICIENTS_REFIT_INTERVAL_S_FIELD_NUMBER: _builtins.int
     OUTPUT_SEQ_FIELD_NUMBER: _builtins.int
     OUTPUTS_HELD_FIELD_NUMBER: _builtins.int
+    DEPLOYMENT_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     role: _builtins.str
     policy: _builtins.str
@@ -304,6 +305,11 @@ class SchedulerStatus(_message.Message):
     scheduler's every token and state report (the virtual-clock conductor waits for it).
     """
     outputs_held: _builtins.int
+    deployment: _builtins.str
+    """The resolved Deployment this scheduler runs, as JSON (sloserve.deployment): policy
+    and config, instances and roles, model, KV, prefix caching, admission, overlap,
+    refit clock, SLOs, noise; `bench --compare-sim` simulates it.
+    """
     @_builtins.property
     def executor(self) -> _executor_pb2.ExecutorDescription: ...
     @_builtins.property
@@ -341,10 +347,11 @@ class SchedulerStatus(_message.Message):
         coefficients_refit_interval_s: _builtins.float = ...,
         output_seq: _builtins.int = ...,
         outputs_held: _builtins.int = ...,
+        deployment: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["executor", b"executor"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_refit_interval_s", b"coefficients_refit_interval_s", "coefficients_version", b"coefficients_version", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "output_seq", b"output_seq", "outputs_held", b"outputs_held", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["admission", b"admission", "coefficients", b"coefficients", "coefficients_refit_interval_s", b"coefficients_refit_interval_s", "coefficients_version", b"coefficients_version", "deployment", b"deployment", "executor", b"executor", "idle", b"idle", "instance_id", b"instance_id", "iterations", b"iterations", "kv_free_blocks", b"kv_free_blocks", "num_running", b"num_running", "num_waiting", b"num_waiting", "output_seq", b"output_seq", "outputs_held", b"outputs_held", "overhead_p50_s", b"overhead_p50_s", "overhead_p99_s", b"overhead_p99_s", "overlap", b"overlap", "policy", b"policy", "policy_config", b"policy_config", "role", b"role", "schedule_p50_s", b"schedule_p50_s", "schedule_p99_s", b"schedule_p99_s", "unhidden_p50_s", b"unhidden_p50_s", "unhidden_p99_s", b"unhidden_p99_s", "unhidden_samples_s", b"unhidden_samples_s"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

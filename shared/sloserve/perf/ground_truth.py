@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sloserve.batch import BatchShape
+from sloserve.defaults import NOISE_CV
 from sloserve.perf.hardware import get_hardware
 from sloserve.perf.models import get_model
 from sloserve.perf.noise import RunToRunNoise
@@ -87,7 +88,7 @@ class ProfileTiming:
     """``TimingSource`` for ``model`` on ``gpu`` from real Vidur profiles + attention roofline."""
 
     def __init__(
-        self, model: str, gpu: str, seed: int = 0, noise_cv: float = 0.03, tp: int = 1,
+        self, model: str, gpu: str, seed: int = 0, noise_cv: float = NOISE_CV, tp: int = 1,
         *, calibrated: bool = True,
     ) -> None:
         """``calibrated=False``: the ground truth before the Sarathi calibration (linear

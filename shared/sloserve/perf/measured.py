@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from sloserve.batch import BatchSample, BatchShape
+from sloserve.defaults import NOISE_CV
 from sloserve.perf.hardware import Hardware, register_hardware
 from sloserve.perf.noise import RunToRunNoise
 
@@ -62,7 +63,7 @@ class MeasuredTiming:
     """``TimingSource`` fitted to measured ``BatchSample``s."""
 
     def __init__(
-        self, samples: Sequence[BatchSample], seed: int = 0, noise_cv: float = 0.03
+        self, samples: Sequence[BatchSample], seed: int = 0, noise_cv: float = NOISE_CV
     ) -> None:
         if noise_cv < 0 or not math.isfinite(noise_cv):
             raise ValueError(f"noise_cv: must be a finite number >= 0, got {noise_cv!r}")
@@ -79,7 +80,8 @@ class MeasuredTiming:
         self._noise = RunToRunNoise(seed, noise_cv)
 
     @classmethod
-    def from_file(cls, path: str | Path, seed: int = 0, noise_cv: float = 0.03) -> MeasuredTiming:
+    def from_file(cls, path: str | Path, seed: int = 0,
+                  noise_cv: float = NOISE_CV) -> MeasuredTiming:
         samples, hardware, _ = load_samples(path)
         try:
             timing = cls(samples, seed=seed, noise_cv=noise_cv)

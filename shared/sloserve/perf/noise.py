@@ -17,6 +17,8 @@ from itertools import chain
 
 import numpy as np
 
+from sloserve.defaults import NOISE_CV
+
 BLOCK = 4096  # factors drawn ahead at a time
 NV_MAGICCONST = 4 * math.exp(-0.5) / math.sqrt(2.0)  # random.NV_MAGICCONST
 TIE = 1e-9  # accept tests this close (relative) are redone with math.log, as Python does
@@ -64,7 +66,7 @@ class RunToRunNoise:
     """Deterministic for a seed (an int, or a string such as ``stream_seed``'s: seeded as
     ``random.Random`` seeds it); ``cv = 0`` leaves times untouched."""
 
-    def __init__(self, seed: int | str = 0, cv: float = 0.03) -> None:
+    def __init__(self, seed: int | str = 0, cv: float = NOISE_CV) -> None:
         if cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {cv}")
         self._sigma = math.sqrt(math.log1p(cv * cv))

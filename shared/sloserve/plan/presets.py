@@ -15,6 +15,7 @@ The preset sets constants only; peak FLOP/s and bandwidth stay those of ``--gpu`
 
 from __future__ import annotations
 
+from sloserve.defaults import GPU
 from sloserve.perf.hardware import get_hardware
 from sloserve.plan.estimator import Efficiency, EstimatorConfig
 
@@ -56,6 +57,6 @@ def resolve_preset(name: str, gpu: str) -> str:
     return key
 
 
-def get_preset(name: str, gpu: str = "a100") -> EstimatorConfig:
+def get_preset(name: str, gpu: str = GPU) -> EstimatorConfig:
     """The ``EstimatorConfig`` of preset ``name`` (``auto`` resolved against ``gpu``)."""
     return PRESETS[resolve_preset(name, gpu)]

@@ -70,31 +70,44 @@ def _help(owners: Sequence[tuple[PolicySpec, Field[Any]]]) -> str:
 
 
 def add_policy_flags(parser: argparse.ArgumentParser) -> None:
-    """``--knob`` for every knob of every registered policy; unset flags stay ``None``."""
-    group = parser.add_argument_group(
-        "policy knobs", "each belongs to the policies in brackets; unset: the policy's default")
-    for name, owners in all_knobs().items():
+    """``--knob`` for every knob of every registered policy, grouped under its policy in
+    ``--help`` (a knob several policies share in one group of its own; issue 35, item 4);
+    unset flags stay ``None``."""
+    groups: dict[str, Any] = {}
+
+    def group(owners: Sequence[tuple[PolicySpec, Field[Any]]]) -> Any:
+        key = owners[0][0].name if len(owners) == 1 else ""
+        if key not in groups:
+            groups[key] = parser.add_argument_group(
+                f"{key} policy knobs" if key else "policy knobs shared by several policies",
+                f"--policy {key}; unset: its default" if key else
+                "each belongs to the policies in brackets; unset: the policy's default")
+        return groups[key]
+
+    for name, owners in sorted(all_knobs().items(), key=lambda kv: len(kv[1]) == 1):
         spec, f = owners[0]
         kind = _kind(knob_types(spec.config_cls)[name])
+        g = group(owners)
         if kind is bool:
-            group.add_argument(flag(name), dest=name, default=None,
-                               action=argparse.BooleanOptionalAction, help=_help(owners))
+            g.add_argument(flag(name), dest=name, default=None,
+                           action=argparse.BooleanOptionalAction, help=_help(owners))
             continue
         choices = f.metadata.get("choices")
-        group.add_argument(flag(name), dest=name, default=None, type=_parse(kind),
-                           choices=choices, help=_help(owners))
+        g.add_argument(flag(name), dest=name, default=None, type=_parse(kind),
+                       choices=choices, help=_help(owners))
 
 
 def config_from_args(policy: str, args: argparse.Namespace, *,
-                     strict: bool = True) -> PolicyConfig:
-    """``policy``'s config from the knob flags set in ``args``.
+                     strict: bool = True, base: PolicyConfig | None = None) -> PolicyConfig:
+    """``policy``'s config from the knob flags set in ``args`` (over ``base``'s knobs, a
+    handed Deployment's, where it is ``policy``'s config; else over the defaults).
 
     A flag set that is not a knob of ``policy`` is an error (``strict``) or
     left out (``compare``, where each knob goes to the policies that have it).
     """
     spec = get_spec(policy)
     own = spec.knobs()
-    values: dict[str, Any] = {}
+    values: dict[str, Any] = asdict(base) if isinstance(base, spec.config_cls) else {}
     for name in all_knobs():
         value = getattr(args, name, None)
         if value is None:

@@ -1,32 +1,28 @@
-"""Simulation configuration (a slotted dataclass, nano-vllm style)."""
+"""Simulation configuration: a ``Deployment`` plus a workload (a frozen, slotted dataclass)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-from sloserve.admission import Admission
-from sloserve.defaults import TBT_SLO, TTFT_SLO
+from sloserve.deployment import Deployment
 from sloserve.perf.base import TimingSource
 from sloserve.policies.base import PolicyConfig
-from sloserve.policies.registry import check_deployment, get_spec
+from sloserve.policies.registry import check_deployment
 from sloserve.sim.split import split_refusal
 
 
-@dataclass(slots=True)
-class SimConfig:
-    policy: str
-    model: str = "llama-3-8b"
-    gpu: str = "a100"
-    instances: int = 1
-    hp_instances: int = 0
+@dataclass(frozen=True, slots=True)
+class SimConfig(Deployment):
+    """A ``Deployment`` (``sloserve.deployment``: policy, instances, model, GPU, KV, prefix
+    caching and routing, admission, overlap, refit clock, SLOs, noise) plus a workload and
+    the simulator's own switches (issue 32, item 2)."""
+
     trace: str | None = "sharegpt"
     trace_file: str | None = None
     fixed_lengths: tuple[int, int] | None = None  # (prompt_len, output_len) for every request
     qps: float = 1.0
     num_requests: int = 1000
-    ttft_slo: float | None = TTFT_SLO
-    tbt_slo: float | None = TBT_SLO
     slo_mix: str | None = None
     jct_share: float = 0.0  # offline requests with only a JCT SLO (hetero mix, AccelGen §4.3)
     arrival: str = "poisson"  # poisson | gamma | trace
@@ -34,11 +30,6 @@ class SimConfig:
     # trace rows: "random" | "ordered" (the trace's own order, sessions kept); None: ordered
     # for a trace with session or prefix identity, else random (``workload.generate``)
     sample: str | None = None
-    seed: int = 0
-    tp: int = 1
-    block_size: int = 16
-    num_blocks: int | None = None  # KV capacity; default from GPU memory
-    noise_cv: float = 0.03  # run-to-run noise of the ground truth
     # "run": every batch's noise from one stream, in global batch order (every figure so
     # far); "instance": each instance from its own stream (``perf.noise.stream_seed``), as
     # the live stack's sim executors draw it (``up``: executor k, ``--seed S --instance k``)
@@ -49,29 +40,16 @@ class SimConfig:
     # replayed arrivals: one offset (s) per generated request, in workload order, instead of
     # the arrival process's (``bench --compare-sim``: when the live gateway stamped each one)
     arrival_times: tuple[float, ...] | None = None
-    policy_config: PolicyConfig | None = None  # None: the policy's defaults
     timing: TimingSource | None = None  # ground-truth override (e.g. a measured CPU profile)
     timing_profile: str | None = None  # file of measured samples (``sloserve profile --out``)
     # the live stack's un-hidden gap between batches (``sim.overhead``; ``bench --overhead-out``)
     overhead_profile: str | None = None
-    # the live scheduler's overlap scheduling: plan k+1 decided while k runs (``sloserve.driver``)
-    overlap: bool = False
     record_samples: bool = False  # keep every (shape, duration) for offline analysis
     record_decisions: bool = False  # keep the controller's actions and every plan (tests)
-    perf_model: str = "online"  # "roofline": policies see the uncalibrated roofline, never refit
-    # the online perf model's refits: None, every ``REFIT_EVERY`` batches (every figure before
-    # 2026-11-26's fifth session); S, every S seconds of simulated time when samples came, as
-    # the live perf-model service refits (``up``: ``--refit-interval``, 1 s)
-    refit_interval: float | None = None
     # the live gateway's lag in handling an instance's report (tokens, state), from the
     # overhead profile's delivery samples: the controller sees first tokens (HP tickets
     # freed) and queue states that much later (``sim.overhead.ControllerLag``)
     controller_lag: bool = False
-    # automatic prefix caching (vLLM V1's default); shares only between requests that carry a
-    # prefix identity (``hash_ids``: --trace multiturn, a Mooncake --trace-file): none, no effect
-    prefix_caching: bool = True
-    prefix_routing: bool = False  # route by cached prefix within a load bound (routing_prefix)
-    admission: Admission | None = None  # admission control at arrival (None: queue everything)
     # "stream": constant memory per request, percentiles from a 0.1 % relative-error sketch
     # (sloserve.sketch); counts, shares and goodput stay exact. "exact": every value kept.
     metrics: str = "exact"
@@ -132,13 +110,14 @@ class SimConfig:
             raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
         if self.workers > 1 and (why := split_refusal(self)) is not None:
             raise ValueError(why)
+        self.check()  # every Deployment field's own rule
 
     @property
     def truth_seed(self) -> int:
         """The ground truth's seed: ``noise_seed``, else the run's ``seed``."""
         return self.seed if self.noise_seed is None else self.noise_seed
 
-    def resolved_policy_config(self) -> PolicyConfig:
-        """The policy's config with its SLO-dependent defaults (token budget) filled in."""
-        base = self.policy_config or get_spec(self.policy).config_cls()
-        return base.resolved(tbt_slo=self.tbt_slo, slo_mix=self.slo_mix)
+    def resolved_policy_config(self, slo_mix: str | None = None) -> PolicyConfig:
+        """The policy's config with its SLO-dependent defaults (token budget) filled in,
+        for this workload's SLO mix."""
+        return Deployment.resolved_policy_config(self, slo_mix or self.slo_mix)

@@ -45,6 +45,7 @@ from typing import Any
 from sloserve.admission import for_deployment
 from sloserve.batch import BatchPlan, BatchSample
 from sloserve.controller import Action, Controller, Dispatch
+from sloserve.deployment import REFIT_EVERY
 from sloserve.driver import Flight, InstanceDriver
 from sloserve.instance import Instance, TokenEvent
 from sloserve.kv import BlockManager
@@ -77,7 +78,6 @@ from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
 from sloserve.workload.traces import TraceRequest, load_trace, load_trace_file
 
-REFIT_EVERY = 512  # batches between online refits (the live perf-model service refits periodically)
 GC_YOUNG = 50_000  # allocations between young GC collections during a run (see quiet_gc)
 FOLD_EVERY = 512  # streaming metrics: finished requests folded into the summary at a time
 
@@ -223,8 +223,8 @@ class Simulation:
             for k in mine
         ]
         self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
-        self.overlap = cfg.overlap
-        self.drivers = [InstanceDriver(inst, overlap=cfg.overlap, simulated=True)
+        self.overlap = bool(cfg.overlap)  # None: the simulator's own default, off
+        self.drivers = [InstanceDriver(inst, overlap=self.overlap, simulated=True)
                         for inst in self.instances]
         router = PrefixRouter([iid for iid, _ in roles],
                               capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,

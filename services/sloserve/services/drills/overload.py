@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from sloserve.admission import Admission
 from sloserve.client import AsyncClient, RequestDropped, SloserveError
 from sloserve.policies.sarathi import SarathiConfig
 from sloserve.services.stack import Stack
@@ -23,7 +24,9 @@ CAPACITY = 11.0 / TIME_SCALE
 PROMPT, OUTPUT = 1024, 32
 # the budget the unscaled TBT SLO (0.15 s, strict) gives: the scaled one would relax it
 STACK = dict(policy="sarathi", time_scale=TIME_SCALE, ttft_slo=TTFT, tbt_slo=TBT,
-             policy_config=SarathiConfig(token_budget=512))
+             policy_config=SarathiConfig(token_budget=512),
+             admission=Admission(),  # `up --admission` (off by default, as vLLM)
+             prefix_caching=False)  # CAPACITY is without it: the 50 prompts repeat
 
 
 def rss_mb(pid: int) -> float:

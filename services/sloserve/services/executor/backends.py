@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from sloserve.batch import BatchSample, BatchShape
+from sloserve.defaults import NOISE_CV
 from sloserve.services.proto import executor_pb2
 
 # The sim's tokens are a function of (request id, index): it has no distribution to
@@ -67,7 +68,7 @@ class SimBackend:
         model: str,
         gpu: str,
         seed: int = 0,
-        noise_cv: float = 0.03,
+        noise_cv: float = NOISE_CV,
         block_size: int = 16,
         num_blocks: int | None = None,
         time_scale: float = 1.0,

@@ -19,7 +19,7 @@ import grpc
 import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
-from sloserve.services import metrics, obs, rpc
+from sloserve.services import deployment_flags, metrics, obs, rpc
 from sloserve.services.executor.backends import BACKENDS, Backend, make_backend, plan_shape
 from sloserve.services.executor.horizon import Horizon
 from sloserve.services.perfmodel import samples
@@ -230,6 +230,7 @@ class ExecutorService(executor_grpc.ExecutorServicer):
 
 
 async def serve(args: argparse.Namespace) -> None:
+    deployment_flags.resolve_into(args)  # model, GPU, seed, noise, KV: the Deployment's
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         instance=args.instance, block_size=args.block_size, num_blocks=args.num_blocks,
@@ -258,20 +259,15 @@ async def serve(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("executor")
     p.add_argument("--backend", default="sim", choices=BACKENDS)
-    p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100")
+    deployment_flags.add_deployment_arg(p)
+    deployment_flags.add_flags(p, ("model", "gpu", "seed", "noise_cv", "num_blocks"))
     p.add_argument("--weights", default=None,
                    help="torch: local safetensors/gguf directory; vllm: a Hugging Face directory")
-    p.add_argument("--seed", type=int, default=0,
-                   help="the stack's seed: the same on every instance (random weights, "
-                        "the sim's profiling sweep)")
     p.add_argument("--instance", type=int, default=0,
                    help="sim: this executor's index in the stack (lp0 = 0, ...): its noise "
                         "stream is the seed's k-th, as `simulate --noise-streams instance`")
-    p.add_argument("--noise-cv", type=float, default=0.03)
     p.add_argument("--block-size", type=int, default=None,
                    help="KV block size (default 16; vllm: vLLM's, 32 on CPU)")
-    p.add_argument("--num-blocks", type=int, default=None)
     p.add_argument("--time-scale", type=float, default=1.0, help="sim: multiply batch times")
     p.add_argument("--fixed-batch-time", type=float, default=None,
                    help="sim: every batch takes this many seconds (protocol tests)")

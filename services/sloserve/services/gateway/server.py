@@ -26,9 +26,8 @@ import grpc
 
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
-from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
-from sloserve.services import auth, metrics, obs, rpc
+from sloserve.services import auth, deployment_flags, metrics, obs, rpc
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
@@ -391,8 +390,8 @@ async def serve(args: argparse.Namespace) -> None:
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
     controller = Controller([(i, s.role) for i, s in statuses.items()])
-    defaults = {"ttft_slo": args.ttft_slo or None, "tbt_slo": args.tbt_slo or None,
-                "jct_slo": None}
+    dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
+    defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
     log = open(args.decision_log, "a") if args.decision_log else None
     inputs = InputLimits.from_args(args)
     for name, value in defaults.items():
@@ -433,9 +432,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("gateway", port=50051, redis=False)
     p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
                    help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
-    p.add_argument("--ttft-slo", type=float, default=TTFT_SLO,
-                   help="default TTFT SLO, s (0: none)")
-    p.add_argument("--tbt-slo", type=float, default=TBT_SLO, help="default TBT SLO, s (0: none)")
+    deployment_flags.add_deployment_arg(p)
+    deployment_flags.add_flags(p, deployment_flags.SLOS, zero_is_none=True)
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--decision-log", default=None,
                    help="append the controller's decisions to this file as JSON lines")

@@ -2,7 +2,8 @@
 
 Reads every batch the executors append (``XREAD``), keeps the regression's
 sliding window, refits every ``--refit-interval`` seconds when new samples
-arrived, and publishes. ``WatchCoefficients`` streams each new fit.
+arrived (unset, the Deployment's default: every ``REFIT_EVERY`` samples, as the
+simulator), and publishes. ``WatchCoefficients`` streams each new fit.
 
 Through a Redis outage it keeps serving the fit it has (gRPC), retries with
 backoff, and when Redis is back reads on from the last sample it saw and
@@ -22,8 +23,8 @@ import grpc
 import redis.asyncio as aioredis
 
 from sloserve.batch import BatchSample
-from sloserve.services import metrics, obs, rpc
-from sloserve.services.argtypes import positive
+from sloserve.deployment import REFIT_EVERY
+from sloserve.services import deployment_flags, metrics, obs, rpc
 from sloserve.services.convert import shape_of
 from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
@@ -32,12 +33,13 @@ from sloserve.services.redisconn import REDIS_ERRORS, Outage, connect
 from sloserve.services.store import Keys
 
 WINDOW = 4096
+COUNT_POLL_MS = 1000  # counting batches: how long one read waits for samples
 
 
 class PerfModelService(perfmodel_grpc.PerfModelServicer):
     def __init__(self, model: str, gpu: str, redis: aioredis.Redis, keys: Keys,
-                 refit_interval: float = 0.0) -> None:
-        self.refit_interval = refit_interval  # said in every published fit
+                 refit_interval: float | None = None) -> None:
+        self.refit_interval = refit_interval or 0.0  # said in every published fit (0: batches)
         self.reg = regression_for(model, gpu, WINDOW)  # refit on our timer, not per sample
         self.model, self.gpu = model, gpu
         self.redis, self.keys = redis, keys
@@ -83,13 +85,18 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
         )
 
     # --- loops ----------------------------------------------------------------
-    async def consume(self, refit_interval: float) -> None:
-        """Read samples and refit for ever; a Redis error pauses it (backoff), never ends it."""
+    async def consume(self, refit_interval: float | None) -> None:
+        """Read samples and refit for ever; a Redis error pauses it (backoff), never ends it.
+
+        ``refit_interval`` S: a refit every S seconds when samples came; ``None`` (the
+        Deployment's default): a fit on the first samples (the executors' warm-up sweep),
+        then one every ``REFIT_EVERY`` samples (batches), as the simulator's online model."""
         last_id = "0"
         next_fit = time.monotonic()
         fresh = 0
         while True:
-            block_ms = max(1, int((next_fit - time.monotonic()) * 1000))
+            block_ms = (COUNT_POLL_MS if refit_interval is None
+                        else max(1, int((next_fit - time.monotonic()) * 1000)))
             try:
                 if self.unpublished:
                     await self._publish()
@@ -117,7 +124,12 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
                     self.window.append(sample)
                     fresh += 1
             del self.window[:-WINDOW]
-            if time.monotonic() >= next_fit:
+            if refit_interval is None:  # the first samples (the executors' warm-up sweep)
+                # fit at once, as the simulator fits its sweep; then every REFIT_EVERY
+                if fresh >= REFIT_EVERY or (fresh and self.current.version == 0):
+                    fresh = 0
+                    await self._refit()
+            elif time.monotonic() >= next_fit:
                 next_fit = time.monotonic() + refit_interval
                 if fresh:
                     fresh = 0
@@ -148,6 +160,7 @@ class PerfModelService(perfmodel_grpc.PerfModelServicer):
 
 
 async def serve(args: argparse.Namespace) -> None:
+    deployment_flags.resolve_into(args)  # model, GPU, refit clock: the Deployment's
     redis = connect(args.redis_url)
     svc = PerfModelService(args.model, args.gpu, redis, Keys(args.prefix), args.refit_interval)
     server, _ = await rpc.start_server(
@@ -163,10 +176,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("perfmodel")
-    p.add_argument("--model", default="llama-3-8b")
-    p.add_argument("--gpu", default="a100")
-    p.add_argument("--refit-interval", type=positive(float), default=1.0,
-                   help="seconds between refits (said in every published fit)")
+    deployment_flags.add_deployment_arg(p)
+    deployment_flags.add_flags(p, ("model", "gpu", "refit_interval"))
     return p
 
 

@@ -6,15 +6,22 @@ import argparse
 import asyncio
 import gc
 import os
+from dataclasses import replace
 
 from sloserve.admission import Admission, for_deployment
+from sloserve.deployment import Deployment
 from sloserve.health import HANG_FACTOR, HANG_SLACK_S, HangDeadline
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
 from sloserve.kv_prefix import PrefixCachingBlockManager
-from sloserve.policies import Policy, get_spec, policy_names
+from sloserve.policies import Policy, get_spec
 from sloserve.policies.flags import add_policy_flags, config_from_args
-from sloserve.services import admission_flags, obs, rpc
+from sloserve.services import admission_flags, deployment_flags, obs, rpc
+from sloserve.services.deployment_flags import (
+    add_deployment_arg,
+    base_deployment,
+    deployment_from_args,
+)
 from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
 from sloserve.services.redisconn import Outage, connect
@@ -39,18 +46,20 @@ async def _describe(
 
 
 async def serve(args: argparse.Namespace) -> None:
-    policy = policy_from_args(args)  # a bad knob fails before any connection
-    admission = admission_from_args(args)
+    dep = deployment_of(args)  # a bad knob or field fails before any connection
+    policy = policy_of(dep, args.role)
+    admission = None if dep.admission is None else for_deployment(dep.admission,
+                                                                  dep.hp_instances)
     hang = hang_from_args(args)
     redis = connect(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
-    if args.prefix_caching and desc.backend not in PREFIX_CACHING_BACKENDS:
+    if dep.prefix_caching and desc.backend not in PREFIX_CACHING_BACKENDS:
         raise ValueError(f"--prefix-caching: the {desc.backend} executor cannot start a "
                          f"request over cached blocks (only {', '.join(PREFIX_CACHING_BACKENDS)})")
-    kv_cls = PrefixCachingBlockManager if args.prefix_caching else BlockManager
+    kv_cls = PrefixCachingBlockManager if dep.prefix_caching else BlockManager
     clock = make_clock(args.clock)
     instance = Instance(
         args.instance_id, policy, kv_cls(desc.kv_capacity_blocks, desc.block_size),
@@ -58,8 +67,11 @@ async def serve(args: argparse.Namespace) -> None:
     )
     store = RequestStore(redis, keys, args.instance_id)
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = SchedulerService(instance, store, args.policy, desc, clock, log,
-                           admission, hang, overlap=args.overlap)
+    # the Deployment's None: on (SGLang's choice), unless $SLOSERVE_OVERLAP=0
+    overlap = os.environ.get("SLOSERVE_OVERLAP", "1") != "0" if dep.overlap is None \
+        else dep.overlap
+    svc = SchedulerService(instance, store, dep.policy, desc, clock, log,
+                           admission, hang, overlap=overlap, deployment=dep)
     store.live, store.outage.log = svc.live_requests, svc.log
 
     def apply(c: Published) -> None:
@@ -67,7 +79,7 @@ async def serve(args: argparse.Namespace) -> None:
         svc.coefficients = c
 
     tasks = []
-    if args.perf_model == "online":  # roofline: the uncalibrated model, frozen (tests)
+    if dep.perf_model == "online":  # roofline: the uncalibrated model, frozen (tests)
         tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait,
                                   outage=Outage("coefficients", svc.log)))
     svc.restore(await store.outage.until_ok(store.restore))  # waits for Redis: never guess
@@ -80,7 +92,8 @@ async def serve(args: argparse.Namespace) -> None:
     gc.freeze()  # long-lived startup objects leave the collector's scans (GC pauses hit p99)
     tasks += [asyncio.create_task(loop.run(svc, executor)),
               asyncio.create_task(store.flush_forever())]
-    svc.log.info("serving", port=args.port, policy=args.policy, role=args.role,
+    svc.log.info("serving", port=args.port, policy=dep.policy, role=args.role,
+                 tbt_slo=dep.tbt_slo,
                  kv_blocks=desc.kv_capacity_blocks, coefficients=svc.coefficients.version)
     try:
         await rpc.serve_until_signal(server, tasks)
@@ -93,9 +106,6 @@ def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("scheduler")
     p.add_argument("--instance-id", required=True)
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
-    p.add_argument("--policy", default="sarathi", choices=policy_names())
-    p.add_argument("--num-hp", type=int, default=0,
-                   help="HP instances in the deployment (an Ascendra LP offloads only if > 0)")
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument("--coefficients-wait", type=float, default=20.0,
@@ -103,32 +113,52 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help="virtual: the simulator's event clock (protocol tests, with a "
                         "virtual-clock sim executor)")
-    p.add_argument("--perf-model", choices=("online", "roofline"), default="online",
-                   help="online: follow the perf-model service's fits; roofline: never refit")
     p.add_argument("--decision-log", default=None,
                    help="append every batch plan to this file as JSON lines")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="share cached prompt-prefix KV blocks between requests (vLLM's "
-                        "automatic prefix caching; torch, vllm and sim executors)")
-    admission_flags.add_flags(p)
     p.add_argument("--hang-factor", type=float, default=HANG_FACTOR,
                    help="a batch not back by factor x its predicted time + --hang-slack is a hang "
                         "(no deadline with --clock virtual: results wait for the conductor)")
     p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
                    help="seconds added to every batch's hang deadline")
-    p.add_argument("--overlap", action=argparse.BooleanOptionalAction,
-                   default=os.environ.get("SLOSERVE_OVERLAP", "1") != "0",
-                   help="decide and send plan k+1 while the executor runs plan k (default on, "
-                        "SGLang's choice; $SLOSERVE_OVERLAP=0 turns the default off; always "
-                        "off with --clock virtual). See docs/lab/live-stack.md")
+    # the Deployment: handed whole (--deployment / $SLOSERVE_DEPLOYMENT), each flag overrides;
+    # --tbt-slo is the gateway's, whose token budget and slack's tail_tbt follow from it;
+    # --overlap unset: on (SGLang's choice; $SLOSERVE_OVERLAP=0 turns it off; always off
+    # with --clock virtual; docs/lab/live-stack.md)
+    add_deployment_arg(p)
+    deployment_flags.add_flags(
+        p, ("policy", "hp_instances", "prefix_caching", "overlap", "perf_model", "tbt_slo"),
+        aliases={"hp_instances": "--num-hp"}, zero_is_none=True)
+    admission_flags.add_flags(p)
     add_policy_flags(p)
     return p
 
 
+def deployment_of(args: argparse.Namespace) -> Deployment:
+    """The Deployment this scheduler runs: the one it was handed, the flags laid over it
+    (knob flags over its policy config, admission flags over its limits)."""
+    base = base_deployment(args)
+    policy = args.policy or base.policy
+    config = config_from_args(policy, args,
+                              base=base.policy_config if policy == base.policy else None)
+    # one scheduler sees one instance: a --num-hp past a handed fleet's size (compose and
+    # Kubernetes may pass it alone) means at least one LP beside the HPs
+    hp = base.hp_instances if args.hp_instances is None else args.hp_instances
+    instances = base.instances if base.instances > hp else hp + 1
+    dep = deployment_from_args(args, base, policy_config=config, instances=instances)
+    return replace(dep, admission=admission_flags.limits_from_args(args, base.admission))
+
+
+def policy_of(dep: Deployment, role: str) -> Policy:
+    """The policy one ``role`` instance of ``dep`` runs: its config resolved under the
+    deployment's TBT SLO (as ``simulate`` resolves it), then the role's rules applied."""
+    return get_spec(dep.policy).make(role, dep.resolved_policy_config(),
+                                     num_hp=dep.hp_instances)
+
+
 def admission_from_args(args: argparse.Namespace) -> Admission | None:
     """What this scheduler enforces: the flags' limits, for its deployment."""
-    limits = admission_flags.limits_from_args(args)
-    return None if limits is None else for_deployment(limits, args.num_hp)
+    dep = deployment_of(args)
+    return None if dep.admission is None else for_deployment(dep.admission, dep.hp_instances)
 
 
 def hang_from_args(args: argparse.Namespace) -> HangDeadline:
@@ -143,10 +173,7 @@ def hang_from_args(args: argparse.Namespace) -> HangDeadline:
 
 def policy_from_args(args: argparse.Namespace) -> Policy:
     """The policy this instance runs: the knob flags' config, the role's rules applied."""
-    if args.num_hp < 0:
-        raise ValueError(f"--num-hp: must be >= 0, got {args.num_hp}")
-    return get_spec(args.policy).make(args.role, config_from_args(args.policy, args),
-                                      num_hp=args.num_hp)
+    return policy_of(deployment_of(args), args.role)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ import numpy as np
 from grpc_health.v1 import health, health_pb2
 
 from sloserve.admission import Admission
+from sloserve.deployment import Deployment
 from sloserve.driver import InstanceDriver
 from sloserve.health import HangDeadline
 from sloserve.instance import Instance
@@ -56,7 +57,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         executor: executor_pb2.ExecutorDescription, clock: Clock,
         decision_log: IO[str] | None = None, admission: Admission | None = None,
         hang: HangDeadline | None = None, overlap: bool = False,
+        deployment: Deployment | None = None,
     ) -> None:
+        self.deployment = deployment  # the resolved Deployment it runs (Status.deployment)
         self.instance, self.store, self.policy_name, self.executor = (
             instance, store, policy, executor)
         self.admission = admission  # None: every submission is queued
@@ -327,6 +330,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
             admission=admission_flags.to_json(self.admission),
             output_seq=self.output_seq, outputs_held=len(self._held),
+            deployment="" if self.deployment is None else self.deployment.to_json(),
         )
 
 
