@@ -50,7 +50,7 @@ def test_the_widest_values_the_wire_holds_are_accepted() -> None:
     req, _ = generate_request({"prompt": [0], "seed": -(2**63), "priority": 2**31 - 1,
                                "top_k": -1}, {}, False, "m")
     assert req.sampling.seed == -(2**63) and req.priority == 2**31 - 1
-    assert req.sampling.top_k == 0
+    assert req.sampling.top_k == -1  # as a gRPC client sends it; the spec makes it 0 (below)
 
 
 def test_slos_out_of_range_name_the_body_field_or_header_in_milliseconds() -> None:
@@ -110,13 +110,14 @@ def test_top_k_minus_one_is_vllms_off_over_grpc_too() -> None:
     """The SDK and raw gRPC take vLLM's ``top_k=-1`` (off) as HTTP does: the backends get
     0; below -1 is refused naming the field."""
     from sloserve.client.client import sampling
-    from sloserve.services.gateway.validate import InvalidInput, request_spec
+    from sloserve.services.gateway.validate import InvalidInput, check_request, request_spec
     from sloserve.services.proto import gateway_pb2
 
     limits = Limits(max_tokens_total=64, vocab_size=256)
 
     def spec(top_k: int) -> int:
         r = gateway_pb2.GenerateRequest(max_tokens=4, sampling=sampling(top_k=top_k))
+        check_request(r, limits)  # the gateway's order: checks, then the spec
         return request_spec(r, [1, 2], limits, {}, 0.0).sampling.top_k
 
     assert (spec(-1), spec(0), spec(5)) == (0, 0, 5)

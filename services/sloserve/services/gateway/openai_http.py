@@ -36,7 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.services import auth
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
-from sloserve.services.gateway.validate import InputLimits
+from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
 
 STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
@@ -68,14 +68,14 @@ class BadRequest(GatewayError):
         self.error_code = error_code
 
 
-def error_response(exc: GatewayError) -> JSONResponse:
+def error_response(exc: GatewayError, renames: dict[str, str] | None = None) -> JSONResponse:
     status, kind = STATUS.get(exc.code, (500, "internal_error"))
-    return JSONResponse(error_body(exc), status_code=status)
+    return JSONResponse(error_body(exc, renames), status_code=status)
 
 
-def error_body(exc: GatewayError) -> dict[str, Any]:
+def error_body(exc: GatewayError, renames: dict[str, str] | None = None) -> dict[str, Any]:
     _, kind = STATUS.get(exc.code, (500, "server_error"))
-    message = http_names(exc.message)
+    message = http_names(exc.message, renames)
     field, sep, _ = message.partition(":")
     param = field if sep and field.replace("_", "").replace(".", "").replace("[", "").replace(
         "]", "").replace("-", "").isalnum() and " " not in field else None
@@ -83,15 +83,17 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def http_names(message: str) -> str:
+def http_names(message: str, renames: dict[str, str] | None = None) -> str:
     """A gateway message (it names gRPC fields) naming the field as the HTTP body or header
-    has it: ``sampling.top_p`` is ``top_p``, ``prompt_token_ids`` is ``prompt``."""
+    has it: ``sampling.top_p`` is ``top_p``, ``prompt_token_ids`` is ``prompt``;
+    ``renames``: this body's own (chat's ``max_completion_tokens``)."""
     field, sep, rest = message.partition(":")
     if not sep:
         return message
     if field.startswith("sampling."):
         field = field[len("sampling."):]
-    return f"{HTTP_FIELDS.get(field, field)}{sep}{rest}"
+    names = {**HTTP_FIELDS, **(renames or {})}
+    return f"{names.get(field, field)}{sep}{rest}"
 
 
 # --- request body -> GenerateRequest ---------------------------------------------------
@@ -127,9 +129,10 @@ def _slo_ms(body: dict[str, Any], headers: Any, name: str, header: str | None,
                              f"got {headers[header]!r}") from None
     if ms is None:
         return None
-    lo, hi = inputs.min_slo_s * 1000, inputs.max_slo_s * 1000
-    if not (math.isfinite(ms) and lo <= ms <= hi):
-        raise BadRequest(f"{field}: must be in [{lo:g}, {hi:g}] milliseconds, got {ms:g}")
+    try:  # the gRPC API's check (validate), in the field's milliseconds
+        check_slo(field, ms, inputs, "milliseconds", 1000.0)
+    except InvalidInput as exc:
+        raise BadRequest(str(exc)) from None
     return float(ms) / 1000.0
 
 
@@ -145,13 +148,14 @@ def _stop(body: dict[str, Any]) -> list[str]:
 
 
 def _sampling(body: dict[str, Any]) -> common_pb2.Sampling:
+    """Types and what the wire holds; the ranges are the gRPC API's (``validate``)."""
     s = common_pb2.Sampling(stop=_stop(body))
-    if (t := _num(body, "temperature", float, 0, 2)) is not None:
+    if (t := _num(body, "temperature", float)) is not None:
         s.temperature = t
     if (p := _num(body, "top_p", float)) is not None:
         s.top_p = p
-    if (k := _num(body, "top_k", int, -1, INT32[1])) is not None:
-        s.top_k = max(k, 0)  # vLLM: -1 (or 0) disables
+    if (k := _num(body, "top_k", int, *INT32)) is not None:
+        s.top_k = k  # vLLM's -1 (or 0) disables; the gateway's spec makes -1 our 0
     if (seed := _num(body, "seed", int, *INT64)) is not None:
         s.seed = seed
     ignore_eos = body.get("ignore_eos", False)
@@ -170,15 +174,45 @@ def _token_id(t: object) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and INT32[0] <= t <= INT32[1]
 
 
+def lone_surrogate(body: Any) -> str | None:
+    """Where ``body`` (parsed JSON) holds a string with a lone surrogate, as a message
+    naming the field (``prompt``, ``messages[0].content``, ``stop[1]``): JSON's ``\\ud800``
+    escape lets one through, and UTF-8 (the wire's strings, the tokenizer, the answer)
+    cannot hold it (issue 36, item 1). Iterative: any depth json.loads gave us."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                return (f"{path or 'body'}: not valid Unicode (a lone surrogate "
+                        f"U+{ord(value[exc.start]):04X} at character {exc.start})")
+        elif isinstance(value, dict):
+            for k, item in reversed(value.items()):
+                if lone_surrogate(k) is not None:
+                    return f"{path or 'body'}: a field name is not valid Unicode"
+                todo.append((f"{path}.{k}" if path else str(k), item))
+        elif isinstance(value, list):
+            todo.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
 def generate_request(body: Any, headers: Any, chat: bool, served: str,
                      inputs: InputLimits | None = None,
                      ) -> tuple[gateway_pb2.GenerateRequest, bool]:
     """The gateway request of an OpenAI body, and whether max_tokens was left to fill
     the context (chat without max_tokens, as vLLM). ``inputs``: the gateway's bounds
-    (SLO range; default :class:`InputLimits`'s)."""
+    (SLO range; default :class:`InputLimits`'s). Ranges are checked where the gRPC
+    API's are (``validate``, in :meth:`GatewayService.open`)."""
     inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
+    if (bad := lone_surrogate(body)) is not None:
+        raise BadRequest(bad)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(f"stream: must be true or false, got {stream!r}")
     model = body.get("model")
     if model is not None and model != served:
         raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
@@ -200,9 +234,9 @@ def generate_request(body: Any, headers: Any, chat: bool, served: str,
     else:
         _prompt(body, req)
     max_tokens = _num(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                      else "max_tokens", int, 1, INT32[1])
+                      else "max_tokens", int, *INT32)
     fill = max_tokens is None and chat
-    req.max_tokens = max_tokens or COMPLETIONS_MAX_TOKENS
+    req.max_tokens = COMPLETIONS_MAX_TOKENS if max_tokens is None else max_tokens
     for field, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
                           ("jct_slo", None)):
         value = _slo_ms(body, headers, f"{field}_ms", header, inputs)
@@ -382,6 +416,10 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             return error_response(exc)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error_response(BadRequest(f"body: not valid JSON ({exc})"))
+        except RecursionError:
+            return error_response(BadRequest("body: nested too deeply"))
+        renames = ({"max_tokens": "max_completion_tokens"}
+                   if chat and isinstance(body, dict) and "max_completion_tokens" in body else {})
         try:
             req, fill = generate_request(body, request.headers, chat, svc.model,
                                          svc.limits.inputs)
@@ -392,7 +430,7 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             owner = auth.key_id(key.strip()) if api_keys else ""
             f = await svc.open(req, time.time(), fill_context=fill, owner=owner)
         except GatewayError as exc:
-            return error_response(exc)
+            return error_response(exc, renames)
         stream = body.get("stream") is True
         opts = body.get("stream_options") or {}
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
