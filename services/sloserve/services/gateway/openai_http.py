@@ -20,6 +20,7 @@ an error event, then ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import time
@@ -437,26 +438,48 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         shapes = Shapes(chat, f.spec.request_id, svc.model)
         headers = {"x-request-id": f.spec.request_id}
         chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
-        try:
-            first = await anext(chunks)
-        except GatewayError as exc:
-            await chunks.aclose()
-            return error_response(exc)
-        except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
-            return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
-        if not stream:
-            texts, n, finish = [first.text], 1, first.finish_reason
+
+        async def answer() -> Response:
             try:
-                async with aclosing(chunks):
-                    async for c in chunks:
-                        texts.append(c.text)
-                        n, finish = n + 1, c.finish_reason
+                first = await anext(chunks)
             except GatewayError as exc:
+                await chunks.aclose()
                 return error_response(exc)
-            return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
-                                headers=headers)
-        return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
-                                 media_type="text/event-stream", headers=headers)
+            except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
+                return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
+            if not stream:
+                texts, n, finish = [first.text], 1, first.finish_reason
+                try:
+                    async with aclosing(chunks):
+                        async for c in chunks:
+                            texts.append(c.text)
+                            n, finish = n + 1, c.finish_reason
+                except GatewayError as exc:
+                    return error_response(exc)
+                return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
+                                    headers=headers)
+            # from its first byte on, Starlette's StreamingResponse ends the stream (and
+            # closes ``chunks``) when the client goes
+            return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
+                                     media_type="text/event-stream", headers=headers)
+
+        # until the answer's first byte (all of it when not streamed), a client that goes
+        # aborts the request at once, freeing its KV, as vLLM's server does (issue 36, 2)
+        work = asyncio.ensure_future(answer())
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.wait((work,))
+                await chunks.aclose()
+                if svc.flights.get(f.spec.request_id) is f:  # cancelled before it started
+                    svc.release(f, cancel=True)
+        if work.cancelled():
+            return Response(status_code=499)  # nobody reads it: nginx's "client closed"
+        return work.result()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -467,6 +490,17 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         return await serve(request, chat=True)
 
     return app
+
+
+async def client_gone(request: Request) -> None:
+    """Returns once the client has closed its connection (ASGI's ``http.disconnect``, which
+    uvicorn sends once the body is read and the socket closes); never, for a server that
+    cannot tell."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - not knowing is not being gone
+        await asyncio.Future()
 
 
 async def _events(shapes: Shapes, f: Flight, first: gateway_pb2.GenerateChunk,
