@@ -98,13 +98,13 @@ def surrogates(st: Stack) -> dict[str, object]:
                      "ms": round(ms, 2), "next_on_same_connection": nxt.status,
                      "kept": conn.sock is sock}
         conn.close()
-    raw = gateway_pb2.GenerateRequest(prompt="heXXXllo", max_tokens=2).SerializeToString()
+    msg = gateway_pb2.GenerateRequest(prompt="heXXXllo", max_tokens=2).SerializeToString()
     with grpc.insecure_channel(st.gateway) as ch:
         call = ch.unary_stream("/sloserve.v1.Gateway/Generate", request_serializer=lambda b: b,
                                response_deserializer=gateway_pb2.GenerateChunk.FromString)
         t0 = time.perf_counter()
         try:
-            list(call(raw.replace(b"XXX", b"\xed\xa0\x80"), timeout=10))
+            list(call(msg.replace(b"XXX", b"\xed\xa0\x80"), timeout=10))
             out["grpc"] = "served"
         except grpc.RpcError as exc:
             out["grpc"] = {"code": exc.code().name, "details": exc.details(),
@@ -114,7 +114,7 @@ def surrogates(st: Stack) -> dict[str, object]:
 
 def disconnects(st: Stack, stream: bool, before_first: bool) -> dict[str, object]:
     until(st, lambda h: h["requests"] == h["kv_blocks"] == 0)
-    body = {"prompt": "a" * (6000 if before_first else 8), "max_tokens": 3000 if not
+    body: dict[str, object] = {"prompt": "a" * (6000 if before_first else 8), "max_tokens": 3000 if not
             before_first else 2000, "stream": stream, "ignore_eos": True,
             "ttft_slo_ms": 600_000}
     socks = [post(st, body) for _ in range(N)]
