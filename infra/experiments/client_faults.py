@@ -114,9 +114,9 @@ def surrogates(st: Stack) -> dict[str, object]:
 
 def disconnects(st: Stack, stream: bool, before_first: bool) -> dict[str, object]:
     until(st, lambda h: h["requests"] == h["kv_blocks"] == 0)
-    body: dict[str, object] = {"prompt": "a" * (6000 if before_first else 8), "max_tokens": 3000 if not
-            before_first else 2000, "stream": stream, "ignore_eos": True,
-            "ttft_slo_ms": 600_000}
+    body: dict[str, object] = {
+        "prompt": "a" * (6000 if before_first else 8), "max_tokens": 2000 if before_first
+        else 3000, "stream": stream, "ignore_eos": True, "ttft_slo_ms": 600_000}
     socks = [post(st, body) for _ in range(N)]
     if before_first:
         until(st, lambda h: h["kv_blocks"] > 0 and h["requests"] == N)
