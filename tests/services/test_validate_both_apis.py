@@ -189,3 +189,14 @@ def test_invalid_utf8_over_grpc_is_invalid_argument_naming_the_field(stack: Stac
         assert _grpc_error(stack, raw) == ("INVALID_ARGUMENT", f"{field}: not valid UTF-8")
     assert _grpc_error(stack, gateway_pb2.GenerateRequest(prompt="hi", max_tokens=2)) \
         == ("OK", "")
+
+
+def test_chat_max_completion_tokens_is_named_as_the_body_names_it(stack: Stack) -> None:
+    client = Http(stack)
+    chat = [{"role": "user", "content": "hi"}]
+    for body, param in (({"max_completion_tokens": 0}, "max_completion_tokens"),
+                        ({"max_tokens": 0}, "max_tokens")):
+        status, answer, _ = client.post("/v1/chat/completions", {"messages": chat, **body})
+        assert (status, answer["error"]["param"]) == (400, param), answer
+        assert answer["error"]["message"].startswith(f"{param}: must be in [1, ")
+    client.close()
