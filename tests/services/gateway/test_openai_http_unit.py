@@ -4,6 +4,7 @@ routes, methods and bugs answer OpenAI's error shape too."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -137,3 +138,23 @@ def test_drop_reasons_are_labelled_by_their_kind_never_their_numbers() -> None:
     assert drop_label("Input prompt (9000 tokens) is too long and exceeds limit of 8192") \
         == "prompt_too_long"
     assert drop_label("something else (3 of them)") == "other"
+
+
+@pytest.mark.parametrize(("raw", "where"), [
+    (b'{"prompt": "he\\ud800llo"}', "prompt"),
+    (b'{"prompt": "\xed\xa0\x80"}', "prompt"),  # a surrogate's bytes: json.loads lets it by
+    (b'{"messages": [{"role": "user", "content": "a\\udc00"}]}', "messages[0].content"),
+    (b'{"stop": ["a", "\\ud800"]}', "stop[1]"),
+    (b'{"prompt": [1, 2, "\\ud83d"]}', "prompt[2]"),
+    (b'{"a": [[1, 2], [3, {"b": "\\udfff"}]]}', "a[1][1].b"),
+    (b'{"\\ud800": 1}', "body"),
+    (b'{"prompt": "\\ud83d\\ude00 a pair is a character"}', None),
+    (b'{"prompt": "\\\\ud800 an escaped backslash, then text"}', None),
+])
+def test_a_lone_surrogate_is_found_and_its_field_named(raw: bytes, where: str | None) -> None:
+    from sloserve.services.gateway.openai_http import lone_surrogate
+
+    body = json.loads(raw)
+    for given in (raw, None):  # with the bytes' quick check, and without it
+        found = lone_surrogate(body, given)
+        assert (found.partition(":")[0] if found else None) == where, found

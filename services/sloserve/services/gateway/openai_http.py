@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -175,14 +176,33 @@ def _token_id(t: object) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and INT32[0] <= t <= INT32[1]
 
 
-def lone_surrogate(body: Any) -> str | None:
-    """Where ``body`` (parsed JSON) holds a string with a lone surrogate, as a message
-    naming the field (``prompt``, ``messages[0].content``, ``stop[1]``): JSON's ``\\ud800``
-    escape lets one through, and UTF-8 (the wire's strings, the tokenizer, the answer)
-    cannot hold it (issue 36, item 1). Iterative: any depth json.loads gave us."""
+SCALARS = frozenset((int, float, bool, type(None)))  # JSON values that hold no text
+# where a lone surrogate can come from in a body's bytes: a \uD800-\uDFFF escape, or the
+# bytes of one (json.loads decodes bytes with surrogatepass); a hit may be a valid pair
+SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+WALK_BUDGET = 50_000  # containers and strings looked at to name the field, at most
+
+
+def lone_surrogate(body: Any, raw: bytes | None = None) -> str | None:
+    """Where ``body`` (parsed JSON; ``raw``: its bytes) holds a string with a lone
+    surrogate, as a message naming the field (``prompt``, ``messages[0].content``,
+    ``stop[1]``): JSON's ``\\ud800`` escape lets one through, and UTF-8 (the wire's
+    strings, the tokenizer, the answer) cannot hold it (issue 36, item 1). Costs a regex
+    over ``raw`` in C for a body that cannot hold one, one encode in C for a body whose
+    escapes all pair up; only a body with one is walked (iteratively, at most
+    :data:`WALK_BUDGET` items, else the body is named)."""
+    if raw is not None and SURROGATE_HINT.search(raw) is None:
+        return None
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+        return None
+    except (UnicodeEncodeError, ValueError, TypeError):
+        pass
     todo: list[tuple[str, Any]] = [("", body)]
-    while todo:
+    budget = WALK_BUDGET
+    while todo and budget > 0:
         path, value = todo.pop()
+        budget -= 1
         if isinstance(value, str):
             try:
                 value.encode()
@@ -191,25 +211,29 @@ def lone_surrogate(body: Any) -> str | None:
                         f"U+{ord(value[exc.start]):04X} at character {exc.start})")
         elif isinstance(value, dict):
             for k, item in reversed(value.items()):
-                if lone_surrogate(k) is not None:
+                if any(0xD800 <= ord(c) <= 0xDFFF for c in k):
                     return f"{path or 'body'}: a field name is not valid Unicode"
                 todo.append((f"{path}.{k}" if path else str(k), item))
-        elif isinstance(value, list):
-            todo.extend((f"{path}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-    return None
+        elif isinstance(value, list) and not SCALARS.issuperset(map(type, value)):
+            texts = [k for k, t in enumerate(map(type, value)) if t not in SCALARS]
+            budget -= len(texts)
+            if budget > 0:
+                todo.extend((f"{path}[{k}]", value[k]) for k in reversed(texts))
+    return "body: not valid Unicode (a lone surrogate)"
 
 
 def generate_request(body: Any, headers: Any, chat: bool, served: str,
-                     inputs: InputLimits | None = None,
+                     inputs: InputLimits | None = None, raw: bytes | None = None,
                      ) -> tuple[gateway_pb2.GenerateRequest, bool]:
     """The gateway request of an OpenAI body, and whether max_tokens was left to fill
     the context (chat without max_tokens, as vLLM). ``inputs``: the gateway's bounds
     (SLO range; default :class:`InputLimits`'s). Ranges are checked where the gRPC
-    API's are (``validate``, in :meth:`GatewayService.open`)."""
+    API's are (``validate``, in :meth:`GatewayService.open`). ``raw``: the body's bytes
+    (spares the surrogate check on a body that cannot hold one)."""
     inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
-    if (bad := lone_surrogate(body)) is not None:
+    if (bad := lone_surrogate(body, raw)) is not None:
         raise BadRequest(bad)
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -412,7 +436,8 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
 
     async def serve(request: Request, chat: bool) -> Response:
         try:
-            body = json.loads(await capped_body(request, svc.limits.inputs.max_message_bytes))
+            raw = await capped_body(request, svc.limits.inputs.max_message_bytes)
+            body = json.loads(raw)
         except BadRequest as exc:
             return error_response(exc)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
@@ -423,7 +448,7 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
                    if chat and isinstance(body, dict) and "max_completion_tokens" in body else {})
         try:
             req, fill = generate_request(body, request.headers, chat, svc.model,
-                                         svc.limits.inputs)
+                                         svc.limits.inputs, raw)
             if not any(link.connected for link in svc.links.values()):
                 raise BadRequest("no scheduler connected; retry later",
                                  grpc.StatusCode.UNAVAILABLE)
