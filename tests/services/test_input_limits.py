@@ -133,3 +133,20 @@ def test_the_sdk_sends_a_request_under_the_limit_and_its_check_can_be_moved() ->
     with Client(dead, max_request_bytes=1000) as client, \
             pytest.raises(InvalidArgument, match="^prompt: .* 1000 bytes"):
         list(client.generate("p" * 1001, timeout=5))
+
+
+@pytest.mark.parametrize(("kw", "field"), [
+    ({"prompt": "he\ud800llo"}, "prompt"),
+    ({"prompt": "hi", "stop": ["x", "\udfff"]}, "stop[1]"),
+    ({"prompt": "hi", "stop": "\ud800"}, "stop[0]"),
+    ({"messages": [{"role": "user", "content": "a\udc00"}]}, "messages[0].content"),
+])
+def test_the_sdk_names_the_field_holding_a_lone_surrogate_before_sending(
+        kw: dict[str, object], field: str) -> None:
+    """Issue 36, item 1: protobuf's UTF-8 strings cannot hold one; the SDK says where it is
+    (InvalidArgument, as the gateway would) instead of raising UnicodeEncodeError."""
+    dead = f"127.0.0.1:{free_port()}"  # nothing listens: anything sent would be UNAVAILABLE
+    prompt = kw.pop("prompt", None)
+    with Client(dead) as client, pytest.raises(InvalidArgument) as info:
+        list(client.generate(prompt, timeout=5, **kw))  # type: ignore[arg-type]
+    assert info.value.details.startswith(f"{field}: not valid Unicode (a lone surrogate")

@@ -61,6 +61,42 @@ def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
             up.kill()
 
 
+def test_up_on_another_host_prints_the_metrics_urls_each_service_listens_on(
+        tmp_path: Path) -> None:
+    """Issue 36, item 6: with ``--host 127.0.0.2`` the gateway (gRPC, HTTP, its /metrics)
+    is on .2 and the internal services on 127.0.0.1; every printed URL answers."""
+    host, port, http_port = "127.0.0.2", free_port(), free_port()
+    up = subprocess.Popen(
+        [sys.executable, "-m", "sloserve.services.cli", "up", "--host", host, "--port",
+         str(port), "--http-port", str(http_port), "--log-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()  # type: ignore[union-attr]
+            lines.append(line)
+            if "gateway ready" in line or not line:
+                break
+        assert "gateway ready" in lines[-1], lines
+        printed = {ln.split()[0]: ln.split("metrics ")[1].strip() for ln in lines
+                   if "metrics http" in ln}
+        assert len(printed) == 4, lines
+        for name, url in printed.items():
+            want = host if name == "gateway" else "127.0.0.1"
+            assert url.startswith(f"http://{want}:"), (name, url)
+            assert "# TYPE" in httpx.get(url, timeout=5).text, (name, url)
+        api = next(ln for ln in lines if ln.startswith("openai api")).split()[2]
+        assert api == f"http://{host}:{http_port}/v1"
+        assert httpx.get(f"{api}/models", timeout=5).status_code == 200
+    finally:
+        up.send_signal(signal.SIGTERM)
+        try:
+            up.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            up.kill()
+
+
 def test_up_derives_policy_knobs_as_simulate_does_and_turns_offload_off_without_hp(
         tmp_path: Path) -> None:
     from sloserve.services.cli import build_parser

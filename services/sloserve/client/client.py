@@ -63,10 +63,32 @@ def _request(prompt: str | None, opts: GenerateOptions,
                 raise InvalidArgument(
                     f"{name}: {len(text)} characters, over the gateway's message limit of "
                     f"{max_bytes} bytes (max_request_bytes)")
-    msg = _build(prompt, opts)
+    try:
+        msg = _build(prompt, opts)
+    except UnicodeEncodeError:  # the wire's strings are UTF-8: say which field cannot be
+        raise InvalidArgument(_lone_surrogate(prompt, opts)) from None
     if max_bytes is not None:
         check_size(msg, max_bytes)
     return msg
+
+
+def _lone_surrogate(prompt: str | None, opts: GenerateOptions) -> str:
+    """The message naming the text field that holds a lone surrogate (issue 36, item 1:
+    the gateway's HTTP API names the same field)."""
+    stop = opts.get("stop", ())
+    texts = [("prompt", prompt), ("request_id", opts.get("request_id")),
+             *((f"stop[{k}]", x) for k, x in enumerate([stop] if isinstance(stop, str)
+                                                        else stop)),
+             *((f"messages[{k}].{f}", m.get(f)) for k, m in enumerate(opts.get("messages", ()))
+               for f in ("role", "content"))]
+    for name, text in texts:
+        if isinstance(text, str):
+            try:
+                text.encode()
+            except UnicodeEncodeError as exc:
+                return (f"{name}: not valid Unicode (a lone surrogate "
+                        f"U+{ord(text[exc.start]):04X} at character {exc.start})")
+    return "request: a text field is not valid Unicode"
 
 
 def check_size(msg: gateway_pb2.GenerateRequest, max_bytes: int) -> None:

@@ -6,7 +6,9 @@ Unexpected <class 'google.protobuf.message.DecodeError'>: ...``. The
 that returns the :data:`MALFORMED` marker instead of raising, and its behaviour
 for one that aborts with ``INVALID_ARGUMENT: request: not a valid <Message>``
 when it sees the marker (for a request stream: at the malformed message).
-Installed on the gateway, the server that faces clients.
+Installed on the gateway, the server that faces clients. A string field that is not
+UTF-8 (a lone surrogate's bytes, say) is named: ``prompt: not valid UTF-8`` (issue 36,
+item 1; the HTTP API refuses the same input naming the same field).
 """
 
 from __future__ import annotations
@@ -16,38 +18,97 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 
 
 class _Malformed:
-    __slots__ = ()
+    """A request that did not parse; ``field``: its string field that is not UTF-8."""
+
+    __slots__ = ("field",)
+
+    def __init__(self, field: str = "") -> None:
+        self.field = field
 
     def __repr__(self) -> str:
-        return "MALFORMED"
+        return f"MALFORMED({self.field})" if self.field else "MALFORMED"
 
 
 MALFORMED = _Malformed()
 Deserializer = Callable[[bytes], Any]
 
 
+def _varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value, shift = 0, 0
+    while True:
+        b = raw[pos]  # IndexError past the end: a truncated message
+        value |= (b & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if not b & 0x80:
+            return value, pos
+
+
+def bad_utf8_field(descriptor: Descriptor, raw: bytes, prefix: str = "") -> str:
+    """The first string field of ``raw`` (a ``descriptor`` message, nested ones walked)
+    whose bytes are not UTF-8, as ``sampling.stop``; "" if none or unreadable."""
+    pos = 0
+    try:
+        while pos < len(raw):
+            key, pos = _varint(raw, pos)
+            number, wire = key >> 3, key & 7
+            if wire == 0:
+                _, pos = _varint(raw, pos)
+            elif wire in (1, 5):
+                pos += 8 if wire == 1 else 4
+            elif wire == 2:
+                n, pos = _varint(raw, pos)
+                chunk, pos = raw[pos:pos + n], pos + n
+                f = descriptor.fields_by_number.get(number)
+                if f is None:
+                    continue
+                if f.type == FieldDescriptor.TYPE_STRING:
+                    try:
+                        chunk.decode()
+                    except UnicodeDecodeError:
+                        return prefix + f.name
+                elif f.type == FieldDescriptor.TYPE_MESSAGE and f.message_type is not None:
+                    if bad := bad_utf8_field(f.message_type, chunk, f"{prefix}{f.name}."):
+                        return bad
+            else:
+                return ""  # groups: long obsolete, not ours
+    except IndexError:
+        return ""
+    return ""
+
+
 def _lenient(deserialize: Deserializer) -> Deserializer:
+    descriptor = _descriptor(deserialize)
+
     def parse(raw: bytes) -> Any:
         try:
             return deserialize(raw)
         except (DecodeError, ValueError, TypeError):
-            return MALFORMED
+            field = bad_utf8_field(descriptor, raw) if descriptor is not None else ""
+            return _Malformed(field) if field else MALFORMED
 
     return parse
 
 
-def _message_name(deserialize: Deserializer | None) -> str:
+def _descriptor(deserialize: Deserializer | None) -> Descriptor | None:
     owner = getattr(deserialize, "__self__", None)  # ``Message.FromString`` is a classmethod
-    descriptor = getattr(owner, "DESCRIPTOR", None)
-    return str(getattr(descriptor, "full_name", "request message"))
+    d = getattr(owner, "DESCRIPTOR", None)
+    return d if isinstance(d, Descriptor) else None
 
 
-async def _reject(context: grpc.aio.ServicerContext, name: str) -> None:
-    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"request: not a valid {name}")
+def _message_name(deserialize: Deserializer | None) -> str:
+    descriptor = _descriptor(deserialize)
+    return descriptor.full_name if descriptor is not None else "request message"
+
+
+async def _reject(context: grpc.aio.ServicerContext, name: str, request: _Malformed) -> None:
+    await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                        f"{request.field}: not valid UTF-8" if request.field
+                        else f"request: not a valid {name}")
 
 
 def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
@@ -60,8 +121,8 @@ def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         uu = handler.unary_unary
 
         async def unary_unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if request is MALFORMED:
-                await _reject(context, name)
+            if isinstance(request, _Malformed):
+                await _reject(context, name, request)
             return await uu(request, context)
 
         return grpc.unary_unary_rpc_method_handler(unary_unary, _lenient(des), ser)
@@ -70,16 +131,16 @@ def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         if inspect.isasyncgenfunction(us):
             async def unary_stream(request: Any, context: grpc.aio.ServicerContext
                                    ) -> AsyncIterator[Any]:
-                if request is MALFORMED:
-                    await _reject(context, name)
+                if isinstance(request, _Malformed):
+                    await _reject(context, name, request)
                 async for response in us(request, context):
                     yield response
 
             return grpc.unary_stream_rpc_method_handler(unary_stream, _lenient(des), ser)
 
         async def unary_stream_writer(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if request is MALFORMED:
-                await _reject(context, name)
+            if isinstance(request, _Malformed):
+                await _reject(context, name, request)
             return await us(request, context)
 
         return grpc.unary_stream_rpc_method_handler(unary_stream_writer, _lenient(des), ser)
@@ -88,8 +149,8 @@ def _guard(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
                 ) -> AsyncIterator[Any]:
         async def gen() -> AsyncIterator[Any]:
             async for request in requests:
-                if request is MALFORMED:
-                    await _reject(context, name)
+                if isinstance(request, _Malformed):
+                    await _reject(context, name, request)
                 yield request
 
         return gen()

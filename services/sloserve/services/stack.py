@@ -231,10 +231,11 @@ class Stack:
         from sloserve.services.proto import SERVICE_NAMES
 
         metrics = ""
-        if self.cfg.metrics:
-            port = self._port(self.cfg.host)
+        if self.cfg.metrics:  # served on the service's own --host (issue 36, item 6)
+            host = address.rpartition(":")[0]
+            port = self._port(host)
             argv = [*argv, "--metrics-port", str(port)]
-            metrics = f"{self.cfg.host}:{port}"
+            metrics = f"{host}:{port}"
         if self.cfg.log_level:
             argv = [*argv, "--log-level", self.cfg.log_level]
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health], metrics=metrics)

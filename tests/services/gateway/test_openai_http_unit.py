@@ -4,6 +4,7 @@ routes, methods and bugs answer OpenAI's error shape too."""
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -50,7 +51,7 @@ def test_the_widest_values_the_wire_holds_are_accepted() -> None:
     req, _ = generate_request({"prompt": [0], "seed": -(2**63), "priority": 2**31 - 1,
                                "top_k": -1}, {}, False, "m")
     assert req.sampling.seed == -(2**63) and req.priority == 2**31 - 1
-    assert req.sampling.top_k == 0
+    assert req.sampling.top_k == -1  # as a gRPC client sends it; the spec makes it 0 (below)
 
 
 def test_slos_out_of_range_name_the_body_field_or_header_in_milliseconds() -> None:
@@ -110,13 +111,14 @@ def test_top_k_minus_one_is_vllms_off_over_grpc_too() -> None:
     """The SDK and raw gRPC take vLLM's ``top_k=-1`` (off) as HTTP does: the backends get
     0; below -1 is refused naming the field."""
     from sloserve.client.client import sampling
-    from sloserve.services.gateway.validate import InvalidInput, request_spec
+    from sloserve.services.gateway.validate import InvalidInput, check_request, request_spec
     from sloserve.services.proto import gateway_pb2
 
     limits = Limits(max_tokens_total=64, vocab_size=256)
 
     def spec(top_k: int) -> int:
         r = gateway_pb2.GenerateRequest(max_tokens=4, sampling=sampling(top_k=top_k))
+        check_request(r, limits)  # the gateway's order: checks, then the spec
         return request_spec(r, [1, 2], limits, {}, 0.0).sampling.top_k
 
     assert (spec(-1), spec(0), spec(5)) == (0, 0, 5)
@@ -136,3 +138,23 @@ def test_drop_reasons_are_labelled_by_their_kind_never_their_numbers() -> None:
     assert drop_label("Input prompt (9000 tokens) is too long and exceeds limit of 8192") \
         == "prompt_too_long"
     assert drop_label("something else (3 of them)") == "other"
+
+
+@pytest.mark.parametrize(("raw", "where"), [
+    (b'{"prompt": "he\\ud800llo"}', "prompt"),
+    (b'{"prompt": "\xed\xa0\x80"}', "prompt"),  # a surrogate's bytes: json.loads lets it by
+    (b'{"messages": [{"role": "user", "content": "a\\udc00"}]}', "messages[0].content"),
+    (b'{"stop": ["a", "\\ud800"]}', "stop[1]"),
+    (b'{"prompt": [1, 2, "\\ud83d"]}', "prompt[2]"),
+    (b'{"a": [[1, 2], [3, {"b": "\\udfff"}]]}', "a[1][1].b"),
+    (b'{"\\ud800": 1}', "body"),
+    (b'{"prompt": "\\ud83d\\ude00 a pair is a character"}', None),
+    (b'{"prompt": "\\\\ud800 an escaped backslash, then text"}', None),
+])
+def test_a_lone_surrogate_is_found_and_its_field_named(raw: bytes, where: str | None) -> None:
+    from sloserve.services.gateway.openai_http import lone_surrogate
+
+    body = json.loads(raw)
+    for given in (raw, None):  # with the bytes' quick check, and without it
+        found = lone_surrogate(body, given)
+        assert (found.partition(":")[0] if found else None) == where, found

@@ -20,8 +20,10 @@ an error event, then ``[DONE]``.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -36,7 +38,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.services import auth
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
-from sloserve.services.gateway.validate import InputLimits
+from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
 
 STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
@@ -68,14 +70,14 @@ class BadRequest(GatewayError):
         self.error_code = error_code
 
 
-def error_response(exc: GatewayError) -> JSONResponse:
+def error_response(exc: GatewayError, renames: dict[str, str] | None = None) -> JSONResponse:
     status, kind = STATUS.get(exc.code, (500, "internal_error"))
-    return JSONResponse(error_body(exc), status_code=status)
+    return JSONResponse(error_body(exc, renames), status_code=status)
 
 
-def error_body(exc: GatewayError) -> dict[str, Any]:
+def error_body(exc: GatewayError, renames: dict[str, str] | None = None) -> dict[str, Any]:
     _, kind = STATUS.get(exc.code, (500, "server_error"))
-    message = http_names(exc.message)
+    message = http_names(exc.message, renames)
     field, sep, _ = message.partition(":")
     param = field if sep and field.replace("_", "").replace(".", "").replace("[", "").replace(
         "]", "").replace("-", "").isalnum() and " " not in field else None
@@ -83,15 +85,17 @@ def error_body(exc: GatewayError) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-def http_names(message: str) -> str:
+def http_names(message: str, renames: dict[str, str] | None = None) -> str:
     """A gateway message (it names gRPC fields) naming the field as the HTTP body or header
-    has it: ``sampling.top_p`` is ``top_p``, ``prompt_token_ids`` is ``prompt``."""
+    has it: ``sampling.top_p`` is ``top_p``, ``prompt_token_ids`` is ``prompt``;
+    ``renames``: this body's own (chat's ``max_completion_tokens``)."""
     field, sep, rest = message.partition(":")
     if not sep:
         return message
     if field.startswith("sampling."):
         field = field[len("sampling."):]
-    return f"{HTTP_FIELDS.get(field, field)}{sep}{rest}"
+    names = {**HTTP_FIELDS, **(renames or {})}
+    return f"{names.get(field, field)}{sep}{rest}"
 
 
 # --- request body -> GenerateRequest ---------------------------------------------------
@@ -127,9 +131,10 @@ def _slo_ms(body: dict[str, Any], headers: Any, name: str, header: str | None,
                              f"got {headers[header]!r}") from None
     if ms is None:
         return None
-    lo, hi = inputs.min_slo_s * 1000, inputs.max_slo_s * 1000
-    if not (math.isfinite(ms) and lo <= ms <= hi):
-        raise BadRequest(f"{field}: must be in [{lo:g}, {hi:g}] milliseconds, got {ms:g}")
+    try:  # the gRPC API's check (validate), in the field's milliseconds
+        check_slo(field, ms, inputs, "milliseconds", 1000.0)
+    except InvalidInput as exc:
+        raise BadRequest(str(exc)) from None
     return float(ms) / 1000.0
 
 
@@ -145,13 +150,14 @@ def _stop(body: dict[str, Any]) -> list[str]:
 
 
 def _sampling(body: dict[str, Any]) -> common_pb2.Sampling:
+    """Types and what the wire holds; the ranges are the gRPC API's (``validate``)."""
     s = common_pb2.Sampling(stop=_stop(body))
-    if (t := _num(body, "temperature", float, 0, 2)) is not None:
+    if (t := _num(body, "temperature", float)) is not None:
         s.temperature = t
     if (p := _num(body, "top_p", float)) is not None:
         s.top_p = p
-    if (k := _num(body, "top_k", int, -1, INT32[1])) is not None:
-        s.top_k = max(k, 0)  # vLLM: -1 (or 0) disables
+    if (k := _num(body, "top_k", int, *INT32)) is not None:
+        s.top_k = k  # vLLM's -1 (or 0) disables; the gateway's spec makes -1 our 0
     if (seed := _num(body, "seed", int, *INT64)) is not None:
         s.seed = seed
     ignore_eos = body.get("ignore_eos", False)
@@ -170,15 +176,68 @@ def _token_id(t: object) -> bool:
     return isinstance(t, int) and not isinstance(t, bool) and INT32[0] <= t <= INT32[1]
 
 
+SCALARS = frozenset((int, float, bool, type(None)))  # JSON values that hold no text
+# where a lone surrogate can come from in a body's bytes: a \uD800-\uDFFF escape, or the
+# bytes of one (json.loads decodes bytes with surrogatepass); a hit may be a valid pair
+SURROGATE_HINT = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
+WALK_BUDGET = 50_000  # containers and strings looked at to name the field, at most
+
+
+def lone_surrogate(body: Any, raw: bytes | None = None) -> str | None:
+    """Where ``body`` (parsed JSON; ``raw``: its bytes) holds a string with a lone
+    surrogate, as a message naming the field (``prompt``, ``messages[0].content``,
+    ``stop[1]``): JSON's ``\\ud800`` escape lets one through, and UTF-8 (the wire's
+    strings, the tokenizer, the answer) cannot hold it (issue 36, item 1). Costs a regex
+    over ``raw`` in C for a body that cannot hold one, one encode in C for a body whose
+    escapes all pair up; only a body with one is walked (iteratively, at most
+    :data:`WALK_BUDGET` items, else the body is named)."""
+    if raw is not None and SURROGATE_HINT.search(raw) is None:
+        return None
+    try:
+        json.dumps(body, ensure_ascii=False).encode()
+        return None
+    except (UnicodeEncodeError, ValueError, TypeError):
+        pass
+    todo: list[tuple[str, Any]] = [("", body)]
+    budget = WALK_BUDGET
+    while todo and budget > 0:
+        path, value = todo.pop()
+        budget -= 1
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError as exc:
+                return (f"{path or 'body'}: not valid Unicode (a lone surrogate "
+                        f"U+{ord(value[exc.start]):04X} at character {exc.start})")
+        elif isinstance(value, dict):
+            for k, item in reversed(value.items()):
+                if any(0xD800 <= ord(c) <= 0xDFFF for c in k):
+                    return f"{path or 'body'}: a field name is not valid Unicode"
+                todo.append((f"{path}.{k}" if path else str(k), item))
+        elif isinstance(value, list) and not SCALARS.issuperset(map(type, value)):
+            texts = [k for k, t in enumerate(map(type, value)) if t not in SCALARS]
+            budget -= len(texts)
+            if budget > 0:
+                todo.extend((f"{path}[{k}]", value[k]) for k in reversed(texts))
+    return "body: not valid Unicode (a lone surrogate)"
+
+
 def generate_request(body: Any, headers: Any, chat: bool, served: str,
-                     inputs: InputLimits | None = None,
+                     inputs: InputLimits | None = None, raw: bytes | None = None,
                      ) -> tuple[gateway_pb2.GenerateRequest, bool]:
     """The gateway request of an OpenAI body, and whether max_tokens was left to fill
     the context (chat without max_tokens, as vLLM). ``inputs``: the gateway's bounds
-    (SLO range; default :class:`InputLimits`'s)."""
+    (SLO range; default :class:`InputLimits`'s). Ranges are checked where the gRPC
+    API's are (``validate``, in :meth:`GatewayService.open`). ``raw``: the body's bytes
+    (spares the surrogate check on a body that cannot hold one)."""
     inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
+    if (bad := lone_surrogate(body, raw)) is not None:
+        raise BadRequest(bad)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(f"stream: must be true or false, got {stream!r}")
     model = body.get("model")
     if model is not None and model != served:
         raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
@@ -200,9 +259,9 @@ def generate_request(body: Any, headers: Any, chat: bool, served: str,
     else:
         _prompt(body, req)
     max_tokens = _num(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
-                      else "max_tokens", int, 1, INT32[1])
+                      else "max_tokens", int, *INT32)
     fill = max_tokens is None and chat
-    req.max_tokens = max_tokens or COMPLETIONS_MAX_TOKENS
+    req.max_tokens = COMPLETIONS_MAX_TOKENS if max_tokens is None else max_tokens
     for field, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
                           ("jct_slo", None)):
         value = _slo_ms(body, headers, f"{field}_ms", header, inputs)
@@ -377,14 +436,19 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
 
     async def serve(request: Request, chat: bool) -> Response:
         try:
-            body = json.loads(await capped_body(request, svc.limits.inputs.max_message_bytes))
+            raw = await capped_body(request, svc.limits.inputs.max_message_bytes)
+            body = json.loads(raw)
         except BadRequest as exc:
             return error_response(exc)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             return error_response(BadRequest(f"body: not valid JSON ({exc})"))
+        except RecursionError:
+            return error_response(BadRequest("body: nested too deeply"))
+        renames = ({"max_tokens": "max_completion_tokens"}
+                   if chat and isinstance(body, dict) and "max_completion_tokens" in body else {})
         try:
             req, fill = generate_request(body, request.headers, chat, svc.model,
-                                         svc.limits.inputs)
+                                         svc.limits.inputs, raw)
             if not any(link.connected for link in svc.links.values()):
                 raise BadRequest("no scheduler connected; retry later",
                                  grpc.StatusCode.UNAVAILABLE)
@@ -392,33 +456,55 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             owner = auth.key_id(key.strip()) if api_keys else ""
             f = await svc.open(req, time.time(), fill_context=fill, owner=owner)
         except GatewayError as exc:
-            return error_response(exc)
+            return error_response(exc, renames)
         stream = body.get("stream") is True
         opts = body.get("stream_options") or {}
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
         shapes = Shapes(chat, f.spec.request_id, svc.model)
         headers = {"x-request-id": f.spec.request_id}
         chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
-        try:
-            first = await anext(chunks)
-        except GatewayError as exc:
-            await chunks.aclose()
-            return error_response(exc)
-        except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
-            return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
-        if not stream:
-            texts, n, finish = [first.text], 1, first.finish_reason
+
+        async def answer() -> Response:
             try:
-                async with aclosing(chunks):
-                    async for c in chunks:
-                        texts.append(c.text)
-                        n, finish = n + 1, c.finish_reason
+                first = await anext(chunks)
             except GatewayError as exc:
+                await chunks.aclose()
                 return error_response(exc)
-            return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
-                                headers=headers)
-        return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
-                                 media_type="text/event-stream", headers=headers)
+            except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
+                return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
+            if not stream:
+                texts, n, finish = [first.text], 1, first.finish_reason
+                try:
+                    async with aclosing(chunks):
+                        async for c in chunks:
+                            texts.append(c.text)
+                            n, finish = n + 1, c.finish_reason
+                except GatewayError as exc:
+                    return error_response(exc)
+                return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
+                                    headers=headers)
+            # from its first byte on, Starlette's StreamingResponse ends the stream (and
+            # closes ``chunks``) when the client goes
+            return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
+                                     media_type="text/event-stream", headers=headers)
+
+        # until the answer's first byte (all of it when not streamed), a client that goes
+        # aborts the request at once, freeing its KV, as vLLM's server does (issue 36, 2)
+        work = asyncio.ensure_future(answer())
+        gone = asyncio.ensure_future(client_gone(request))
+        try:
+            await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()
+                await asyncio.wait((work,))
+                await chunks.aclose()
+                if svc.flights.get(f.spec.request_id) is f:  # cancelled before it started
+                    svc.release(f, cancel=True)
+        if work.cancelled():
+            return Response(status_code=499)  # nobody reads it: nginx's "client closed"
+        return work.result()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -429,6 +515,17 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         return await serve(request, chat=True)
 
     return app
+
+
+async def client_gone(request: Request) -> None:
+    """Returns once the client has closed its connection (ASGI's ``http.disconnect``, which
+    uvicorn sends once the body is read and the socket closes); never, for a server that
+    cannot tell."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:  # noqa: BLE001 - not knowing is not being gone
+        await asyncio.Future()
 
 
 async def _events(shapes: Shapes, f: Flight, first: gateway_pb2.GenerateChunk,

@@ -4,6 +4,12 @@ Bounds come from one place, :class:`InputLimits` (defaults here, gateway flags
 override them), and from the model (:class:`Limits`). :func:`check_request`
 runs first, on the message as received, in time independent of its size (lengths
 before scans, bytes before tokenizing), so an oversized input costs nothing.
+
+One validator for both front ends (issue 36, item 5): the OpenAI HTTP layer only
+checks JSON types and what the wire's fields can hold, builds the same
+``GenerateRequest`` a gRPC client sends, and every range (temperature, top_p, top_k,
+max_tokens, SLOs, sizes) is checked here, with the same limits and messages; the HTTP
+layer renames the field as its body has it (``sampling.top_p`` is ``top_p``).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]+")
 MAX_MESSAGE_BYTES = 4 << 20  # the gateway's gRPC receive limit by default (and the SDK's)
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
+MAX_TEMPERATURE = 2.0  # OpenAI's documented range [0, 2], on gRPC as on HTTP (issue 36)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,18 +108,24 @@ def check_request(r: gateway_pb2.GenerateRequest, limits: Limits) -> None:
     for name in ("ttft_slo", "tbt_slo", "jct_slo"):
         if r.HasField(name):
             check_slo(name, getattr(r, name), lim)
+    check_sampling(r.sampling, limits.vocab_size)
 
 
-def check_slo(name: str, value: float, lim: InputLimits) -> None:
-    if not (math.isfinite(value) and lim.min_slo_s <= value <= lim.max_slo_s):
-        raise InvalidInput(
-            f"{name}: must be in [{lim.min_slo_s:g}, {lim.max_slo_s:g}] seconds, got {value}")
+def check_slo(name: str, value: float, lim: InputLimits, unit: str = "seconds",
+              per_second: float = 1.0) -> None:
+    """``value`` (in ``unit``, ``per_second`` of them a second) within the gateway's SLO
+    range; the HTTP API's ``*_slo_ms`` fields pass milliseconds."""
+    lo, hi = lim.min_slo_s * per_second, lim.max_slo_s * per_second
+    if not (math.isfinite(value) and lo <= value <= hi):
+        raise InvalidInput(f"{name}: must be in [{lo:g}, {hi:g}] {unit}, got {value:g}")
 
 
 def check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
-    """vLLM's SamplingParams ranges."""
-    if s.HasField("temperature") and not (math.isfinite(s.temperature) and s.temperature >= 0):
-        raise InvalidInput(f"sampling.temperature: must be >= 0, got {s.temperature}")
+    """vLLM's SamplingParams ranges, and OpenAI's [0, 2] for temperature."""
+    t = s.temperature
+    if s.HasField("temperature") and not (math.isfinite(t) and 0 <= t <= MAX_TEMPERATURE):
+        raise InvalidInput(
+            f"sampling.temperature: must be in [0, {MAX_TEMPERATURE:g}], got {t:g}")
     if s.HasField("top_p") and not 0 < s.top_p <= 1:
         raise InvalidInput(f"sampling.top_p: must be in (0, 1], got {s.top_p}")
     if s.HasField("top_k") and s.top_k < -1:
@@ -143,7 +156,6 @@ def request_spec(
         raise InvalidInput(
             f"max_tokens: prompt ({len(ids)} tokens) + max_tokens ({r.max_tokens}) exceeds "
             f"the limit of {limits.max_tokens_total} tokens")
-    check_sampling(r.sampling, limits.vocab_size)
     spec = common_pb2.RequestSpec(
         request_id=r.request_id or uuid.uuid4().hex, prompt_token_ids=ids,
         max_tokens=r.max_tokens, priority=r.priority, arrival_time=now, dispatch_time=now,
