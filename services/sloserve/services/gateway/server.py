@@ -24,6 +24,7 @@ from typing import IO
 
 import grpc
 
+from sloserve.admission import RETRY_AFTER_S
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
 from sloserve.defaults import TBT_SLO, TTFT_SLO
@@ -56,6 +57,8 @@ from sloserve.services.proto import (
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
+# gRPC's retry pushback (gRFC A6): on a shed answer, when the client may try again
+PUSHBACK_METADATA = "grpc-retry-pushback-ms"
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 
@@ -283,7 +286,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         try:
             f = await self.open(request, now, owner=self._owner(context))
         except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc)
         try:
             await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
         except BaseException:  # the client is gone before its first token
@@ -294,7 +297,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 async for chunk in chunks:
                     yield chunk
         except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc)
 
     async def _prompt_ids(self, request: gateway_pb2.GenerateRequest, prompt: str) -> list[int]:
         """The prompt's token ids; a large text prompt is tokenized off the event loop,
@@ -355,6 +358,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
             model=instances[0].model, policies=sorted({i.policy for i in instances}),
             instances=instances, tokenizer=self.tokenizer.name,
             chat_template="model" if first.chat_template else "chatml")
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+    """End the call with ``exc``; a shed one (RESOURCE_EXHAUSTED) says when to retry."""
+    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        context.set_trailing_metadata(((PUSHBACK_METADATA, str(RETRY_AFTER_S * 1000)),))
+    await context.abort(exc.code, exc.message)
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
