@@ -95,6 +95,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         first = next(iter(statuses.values())).executor
         self.model = first.model  # the served model name (metrics' model_name, /v1/models)
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
+        self.eos_ids = frozenset(first.eos_token_ids)  # finish_reason "stop" on one of them
         self.limits = Limits(
             min(min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
                 for s in statuses.values()),
@@ -247,7 +248,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 text, hit = stops.push(detok.push(ev.token_id), ev.finished)
                 last = ev.finished or hit
                 if last:
-                    reason = "stop" if hit else _finish_reason(ev, spec.max_tokens)
+                    reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
                 t = time.time()
                 timeline.token(t)
                 yield gateway_pb2.GenerateChunk(
@@ -367,9 +368,15 @@ async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
     await context.abort(exc.code, exc.message)
 
 
-def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
-    """OpenAI/vLLM semantics: ``length`` when max_tokens was reached, else ``stop``."""
-    return "length" if ev.index + 1 >= max_tokens else "stop"
+def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
+                   eos_ids: frozenset[int]) -> str:
+    """vLLM's ``check_stop`` order: an EOS (unless ``ignore_eos``) or a stop id is
+    ``stop`` even as the last allowed token; else ``length`` when max_tokens was reached,
+    ``stop`` before it (issue 35)."""
+    s = spec.sampling
+    if ev.token_id in s.stop_token_ids or (not s.ignore_eos and ev.token_id in eos_ids):
+        return "stop"
+    return "length" if ev.index + 1 >= spec.max_tokens else "stop"
 
 
 async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:
