@@ -32,6 +32,10 @@ def test_the_phase_is_the_newest_line_that_names_one() -> None:
                     "warm-up sweep (perf-model samples)"]
     assert start_phase(["unrelated", *VLLM_START[:2], "DEBUG something else"]) == (
         "loading the model")
+    scheduler = ['{"service": "scheduler", "event": "waiting_for_executor", "level": "info"}',
+                 '{"service": "scheduler", "event": "waiting_for_perf_model", "level": "info"}']
+    assert [start_phase(scheduler[:k]) for k in (1, 2)] == [
+        "waiting for its executor", "waiting for the perf model's first fit"]
     assert (elapsed(4.9), elapsed(65), elapsed(3600)) == ("4 s", "1 min 05 s", "60 min 00 s")
 
 

@@ -51,6 +51,8 @@ PROGRESS_EVERY_S = 15.0  # a starting service's progress line, at least this oft
 # what a starting service is doing, read from its log (our executor's events and vLLM's
 # own lines): the newest line that matches says it, the first pattern it matches wins
 START_PHASES = (
+    (re.compile(r'"event": "waiting_for_perf_model"'), "waiting for the perf model's first fit"),
+    (re.compile(r'"event": "waiting_for_executor"'), "waiting for its executor"),
     (re.compile(r'"event": "warming_up"|init engine'), "warm-up sweep (perf-model samples)"),
     (re.compile(r"Warming up done"), "warming up"),
     (re.compile(r"Warming up model for the compilation|Starting torch\.compile|"
