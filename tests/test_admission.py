@@ -109,3 +109,29 @@ def test_with_hp_instances_the_ttft_test_is_left_to_the_policy_and_the_bounds_st
     limits = for_deployment(Admission(max_queued_requests=7), num_hp=1)
     assert (limits.shed_late, limits.max_queued_requests) == (False, 7)
     assert for_deployment(Admission(), num_hp=0) == Admission()
+
+
+def test_a_default_ttft_slo_is_never_a_reason_to_shed_but_the_queue_bounds_still_are() -> None:
+    """Issue 35: a request that did not ask for a TTFT (the deployment filled one in) is
+    served however late it is predicted; its own TTFT of the same value is shed."""
+    inst = instance()
+    for k in range(10):  # 10 x 512 tokens ahead: the first token in 0.56 s
+        inst.add_request(req(f"q{k}", prompt=512), 0.0)
+    own = Request("own", 0.0, 512, 8, SLO(ttft=0.5))
+    given = Request("given", 0.0, 512, 8, SLO(ttft=0.5, defaulted=frozenset({"ttft"})))
+    assert refusal(inst, own, 0.0, Admission()) is not None
+    assert refusal(inst, given, 0.0, Admission()) is None
+    # only the TTFT's origin matters: a defaulted TBT beside an own TTFT still sheds
+    tbt_given = Request("t", 0.0, 512, 8, SLO(ttft=0.5, tbt=0.1, defaulted=frozenset({"tbt"})))
+    assert refusal(inst, tbt_given, 0.0, Admission()) is not None
+    assert refusal(inst, given, 0.0, Admission(max_queued_requests=10)) == (
+        "shed: lp0 has 10 requests queued (max_queued_requests 10)")
+
+
+def test_an_slo_names_only_targets_it_sets_as_defaulted() -> None:
+    assert SLO(ttft=1.0, defaulted=frozenset({"ttft"})).own("ttft") is None
+    assert SLO(ttft=1.0, tbt=0.1, defaulted=frozenset({"ttft"})).own("tbt") == 0.1
+    with pytest.raises(ValueError, match="defaulted: 'tbt'"):
+        SLO(ttft=1.0, defaulted=frozenset({"tbt"}))  # no TBT to be a default
+    with pytest.raises(ValueError, match="defaulted: 'ttf'"):
+        SLO(ttft=1.0, defaulted=frozenset({"ttf"}))

@@ -5,12 +5,14 @@ A new arrival placed on an instance is refused at once, with a reason, when
 * the instance already has ``max_queued_requests`` requests waiting for their first
   token (vLLM/Dynamo/Ray Serve's bounded queue: ``max_queued_requests``);
 * its prompt would take the prefill tokens waiting there past ``max_queued_tokens``;
-* ``shed_late`` and the perf model predicts it cannot meet its TTFT SLO: the time it
+* ``shed_late`` and the perf model predicts it cannot meet its own TTFT SLO: the time it
   has already waited, plus the queue ahead of it, plus its own prefill, run in
   iterations of the policy's token budget with the running decodes piggybacked
   (stall-free batching, Sarathi-Serve §4), after the batch under way. This is
   Ascendra §6.3's drop taken at the door: a request that would be dropped (or
-  missed) later is answered now, when the client can still go elsewhere.
+  missed) later is answered now, when the client can still go elsewhere. Only an SLO
+  the request asked for counts: a deployment's default (``SLO.defaulted``) is never a
+  reason to refuse it (issue 35: an idle server serves what it can, however slowly).
 
 The prediction assumes first-come-first-served: a policy that reorders (EDF, SJF)
 may serve a newcomer earlier, so it errs towards shedding under overload only.
@@ -35,6 +37,10 @@ from sloserve.request import Request
 MAX_QUEUED_REQUESTS = 1024  # per instance, waiting for their first token
 MAX_QUEUED_TOKENS = 1 << 20  # per instance, prefill tokens not yet computed
 SHED_PREFIX = "shed:"  # every refusal's reason starts with it (clients may match on it)
+# what a shed client is told to wait before trying again (HTTP Retry-After, gRPC's
+# grpc-retry-pushback-ms; issue 35): the smallest whole Retry-After, about one TTFT SLO,
+# the time the queue that refused it takes to move on
+RETRY_AFTER_S = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +103,7 @@ def refusal(inst: Instance, req: Request, now: float, limits: Admission) -> str 
     if limits.max_queued_tokens and tokens + req.prompt_len > limits.max_queued_tokens:
         return (f"{SHED_PREFIX} {inst.instance_id} has {tokens} prefill tokens queued, "
                 f"+{req.prompt_len} exceeds max_queued_tokens {limits.max_queued_tokens}")
-    ttft = req.slo.ttft
+    ttft = req.slo.own("ttft")  # a deployment's default is never a reason to shed (issue 35)
     if limits.shed_late and ttft is not None:
         t = predicted_ttft(inst, req, now)
         if t > ttft and math.isfinite(t):

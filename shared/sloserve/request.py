@@ -36,12 +36,25 @@ class SLO:
     ttft: float | None = None
     tbt: float | None = None
     jct: float | None = None
+    # the targets a deployment filled in (its defaults), not the request's own (issue 35):
+    # they are scored and order the queue, but a request is never shed for one it did not ask
+    defaulted: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("ttft", "tbt", "jct"):
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name}_slo: must be > 0 seconds, got {value!r}")
+        for name in self.defaulted:
+            if name not in ("ttft", "tbt", "jct") or getattr(self, name) is None:
+                raise ValueError(f"defaulted: {name!r} is not a target this SLO sets "
+                                 "(ttft, tbt or jct)")
+
+    def own(self, name: str) -> float | None:
+        """The request's own ``name`` target (``ttft``, ``tbt``, ``jct``); ``None`` if it
+        has none or it is the deployment's default."""
+        value: float | None = getattr(self, name)
+        return None if name in self.defaulted else value
 
 
 @dataclass(slots=True, eq=False)

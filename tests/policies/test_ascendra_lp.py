@@ -128,7 +128,7 @@ def test_threshold_zero_disables_offloading_and_late_requests_are_not_offloaded(
     assert [r.request_id for r in offloaded] == ["misses"]
 
 
-def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> None:
+def test_drop_late_drops_only_waiting_requests_past_their_own_ttft_deadline() -> None:
     for drop_late, expect in ((True, ["late"]), (False, [])):
         inst = make_instance("ascendra-lp", token_budget=64, drop_late=drop_late,
                              offload_threshold=0.0)
@@ -138,6 +138,9 @@ def test_drop_late_drops_only_waiting_requests_past_their_ttft_deadline() -> Non
         inst.add_request(req("late", 10, arrival=0.0, ttft=0.5), 0.1)
         inst.add_request(req("on_time", 10, arrival=0.0, ttft=2.0), 0.1)
         inst.add_request(req("no_slo", 10, arrival=0.0, ttft=None), 0.1)
+        given = req("given", 10, arrival=0.0, ttft=0.5)  # the deployment's TTFT (issue 35)
+        given.slo.defaulted = frozenset({"ttft"})
+        inst.add_request(given, 0.1)
         resumed = req("resumed", 10, arrival=0.0, ttft=0.5)  # first token already out
         resumed.num_generated, resumed.token_times = 2, [0.2, 0.3]
         inst.add_request(resumed, 0.1)

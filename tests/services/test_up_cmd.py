@@ -40,6 +40,10 @@ def test_up_without_redis_serves_and_shuts_down_cleanly(tmp_path: Path) -> None:
                 break
         assert any("(embedded)" in ln for ln in lines), lines
         assert "gateway ready" in lines[-1], lines
+        # issue 35: the SLO defaults it uses, and start-up progress per service
+        assert any(ln.startswith("slo        defaults TTFT 1 s, TBT 0.15 s") and
+                   "never a reason to shed" in ln for ln in lines), lines
+        assert sum(ln.startswith("started    ") for ln in lines) == 4, lines
         chunks = list(Client(f"127.0.0.1:{port}").generate("hello", max_tokens=5))
         assert [c.index for c in chunks] == [0, 1, 2, 3, 4]
         models = httpx.get(f"http://127.0.0.1:{http_port}/v1/models").json()  # OpenAI API on

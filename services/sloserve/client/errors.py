@@ -26,9 +26,16 @@ class AlreadyExists(SloserveError):
 
 
 class RequestDropped(SloserveError):
-    """The policy dropped the request under overload (Ascendra §6.3)."""
+    """The request was shed at admission or dropped under overload (Ascendra §6.3);
+    ``retry_after``: seconds the gateway asks to wait before trying again (its
+    ``grpc-retry-pushback-ms``), ``None`` if it said nothing."""
 
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+    def __init__(self, details: str, code: grpc.StatusCode | None = None,
+                 retry_after: float | None = None) -> None:
+        super().__init__(details, code)
+        self.retry_after = retry_after
 
 
 class Cancelled(SloserveError):
@@ -56,7 +63,25 @@ _BY_CODE: dict[grpc.StatusCode, type[SloserveError]] = {
 }
 
 
+PUSHBACK_METADATA = "grpc-retry-pushback-ms"  # gRFC A6's server pushback
+
+
+def pushback_s(exc: grpc.RpcError) -> float | None:
+    """The server's retry pushback on ``exc``, in seconds (``None``: none or malformed)."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    for key, value in (trailing() if callable(trailing) else None) or ():
+        if key == PUSHBACK_METADATA:
+            try:
+                ms = int(value)
+            except (TypeError, ValueError):
+                return None
+            return ms / 1000.0 if ms >= 0 else None
+    return None
+
+
 def from_rpc_error(exc: grpc.RpcError) -> SloserveError:
     code: grpc.StatusCode = exc.code()
     details: str = exc.details() or code.name
+    if code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return RequestDropped(details, code, retry_after=pushback_s(exc))
     return _BY_CODE.get(code, SloserveError)(details, code)

@@ -16,8 +16,11 @@ def _opt(msg: object, name: str) -> float | None:
 
 
 def slo_of(msg: object) -> SLO:
-    """SLO from any message with optional ``ttft_slo``/``tbt_slo``/``jct_slo`` fields."""
-    return SLO(ttft=_opt(msg, "ttft_slo"), tbt=_opt(msg, "tbt_slo"), jct=_opt(msg, "jct_slo"))
+    """SLO from any message with optional ``ttft_slo``/``tbt_slo``/``jct_slo`` fields (and
+    ``default_slos``: those the gateway filled in)."""
+    defaulted = frozenset(getattr(msg, "default_slos", ()))
+    return SLO(ttft=_opt(msg, "ttft_slo"), tbt=_opt(msg, "tbt_slo"), jct=_opt(msg, "jct_slo"),
+               defaulted=defaulted)
 
 
 def request_of(spec: common_pb2.RequestSpec, hash_unit: int | None = None) -> Request:

@@ -16,11 +16,13 @@ a password) reaches the children in ``$REDIS_URL``, never on a command line.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -44,6 +46,34 @@ INTERNAL_HOST = "127.0.0.1"  # every service but the gateway, whatever ``host`` 
 
 
 DEFAULT_START_S = 60.0
+PROGRESS_EVERY_S = 15.0  # a starting service's progress line, at least this often
+# what a starting service is doing, read from its log (our executor's events and vLLM's
+# own lines): the newest line that matches says it, the first pattern it matches wins
+START_PHASES = (
+    (re.compile(r'"event": "waiting_for_perf_model"'), "waiting for the perf model's first fit"),
+    (re.compile(r'"event": "waiting_for_executor"'), "waiting for its executor"),
+    (re.compile(r'"event": "warming_up"|init engine'), "warm-up sweep (perf-model samples)"),
+    (re.compile(r"Warming up done"), "warming up"),
+    (re.compile(r"Warming up model for the compilation|Starting torch\.compile|"
+                r"Compiling a graph|Dynamo bytecode"), "compiling the model"),
+    (re.compile(r'Starting to load model|Loading weights|"event": "loading"'),
+     "loading the model"),
+)
+
+
+def start_phase(lines: list[str]) -> str | None:
+    """What a starting service's log ``lines`` say it is doing (``None``: nothing known)."""
+    for line in reversed(lines):
+        for pattern, phase in START_PHASES:
+            if pattern.search(line):
+                return phase
+    return None
+
+
+def elapsed(seconds: float) -> str:
+    """``42 s``, ``3 min 05 s``."""
+    m, s = divmod(int(seconds), 60)
+    return f"{m} min {s:02d} s" if m else f"{s} s"
 
 
 def start_budget(backend: str) -> float:
@@ -137,6 +167,8 @@ class Stack:
         self.redis_url = redis_url(cfg.redis_url) or ""
         self.services: dict[str, Service] = {}
         self.internal_token: str | None = None
+        self._progress: Callable[[str], None] | None = None
+        self._t0 = time.monotonic()
         if cfg.internal_auth:
             self.internal_token = cfg.internal_token or internal_token() or new_token()
 
@@ -240,8 +272,12 @@ class Stack:
             argv = [*argv, "--log-level", self.cfg.log_level]
         self.services[name] = Service(name, argv, address, SERVICE_NAMES[health], metrics=metrics)
 
-    def start(self, timeout: float = DEFAULT_START_S) -> Stack:
+    def start(self, timeout: float = DEFAULT_START_S,
+              progress: Callable[[str], None] | None = None) -> Stack:
+        """Start every service; ``progress``: told what each is doing while it starts,
+        with the time since the start (issue 35: a compiled vLLM start takes minutes)."""
         timeout = max(timeout, start_budget(self.cfg.backend))
+        self._progress, self._t0 = progress, time.monotonic()
         if not self.redis_url:
             self.embedded = EmbeddedRedis()
             self.redis_url = self.embedded.url
@@ -265,6 +301,7 @@ class Stack:
         """Wait for ``name`` to be SERVING; its exit (or the deadline) raises
         :class:`StartFailed` with its log tail, without waiting out the rest."""
         svc = self.services[name]
+        said, said_at = None, time.monotonic()
         while True:
             if svc.proc is not None and svc.proc.poll() is not None:
                 raise self._failed(name, f"exited with code {svc.proc.returncode}")
@@ -273,9 +310,21 @@ class Stack:
                 raise self._failed(name, "was not healthy")
             try:
                 wait_healthy(svc.address, svc.health, min(1.0, left))
+                if self._progress is not None:
+                    self._progress(f"started    {name} "
+                                   f"({elapsed(time.monotonic() - self._t0)})")
                 return
             except TimeoutError:
+                pass
+            if self._progress is None:
                 continue
+            log = self.cfg.log_dir / f"{name}.log" if self.cfg.log_dir is not None else None
+            phase = start_phase(log_tail(log, 200)) if log is not None else None
+            now = time.monotonic()
+            if (phase is not None and phase != said) or now - said_at >= PROGRESS_EVERY_S:
+                phase = phase or "starting"
+                self._progress(f"starting   {name}: {phase} ({elapsed(now - self._t0)})")
+                said, said_at = phase, now
 
     def _failed(self, name: str, why: str) -> StartFailed:
         log = self.cfg.log_dir / f"{name}.log" if self.cfg.log_dir is not None else None

@@ -106,6 +106,16 @@ def _masked(url: str) -> str:
     return urlunsplit(u._replace(netloc=netloc))
 
 
+def slo_defaults(ttft: float | None, tbt: float | None) -> str:
+    """The SLO defaults line ``up`` prints (issue 35): what a request without its own gets,
+    and that they are never a reason to shed it."""
+    given = ", ".join(f"{k} {v:g} s" for k, v in (("TTFT", ttft), ("TBT", tbt)) if v)
+    if not given:
+        return "defaults none (--ttft-slo/--tbt-slo 0): requests carry their own"
+    return (f"defaults {given} (--ttft-slo/--tbt-slo) for requests without their own; "
+            "never a reason to shed them")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
@@ -125,8 +135,10 @@ def run(args: argparse.Namespace) -> int:
                                            else UNHEALTHY_REAL_S)
     supervisor: Supervisor | None = None
     try:
+        print(f"starting   {cfg.backend} backend, {cfg.model} on {cfg.gpu}, policy "
+              f"{cfg.policy}; logs {cfg.log_dir}", flush=True)
         try:
-            stack.start()
+            stack.start(progress=lambda line: print(line, flush=True))
         except StartFailed as exc:  # its own words, not a traceback through ours
             print(f"sloserve up: error: {exc}", file=sys.stderr)
             for line in exc.tail:
@@ -139,6 +151,7 @@ def run(args: argparse.Namespace) -> int:
         if stack.http:
             print(f"openai api       {stack.http}/v1  (and {stack.http}/metrics)")
         print(f"logs       {cfg.log_dir}")
+        print(f"slo        {slo_defaults(cfg.ttft_slo, cfg.tbt_slo)}")
         print(f"auth       API keys required ({len(keys)} configured)" if keys else
               f"auth       off: no API keys (${API_KEYS_ENV} or --api-key-file), "
               "every client is served")

@@ -42,6 +42,7 @@ class RequestSpec(_message.Message):
     ORIGIN_INSTANCE_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     DISPATCH_TIME_FIELD_NUMBER: _builtins.int
+    DEFAULT_SLOS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     max_tokens: _builtins.int
     ttft_slo: _builtins.float
@@ -63,6 +64,12 @@ class RequestSpec(_message.Message):
     def generated_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
     def sampling(self) -> Global___Sampling: ...
+    @_builtins.property
+    def default_slos(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Which of ttft_slo/tbt_slo/jct_slo ("ttft", "tbt", "jct") the gateway filled in from
+        its defaults: scored, but never a reason to shed the request (issue 35).
+        """
+
     def __init__(
         self,
         *,
@@ -79,10 +86,11 @@ class RequestSpec(_message.Message):
         origin_instance: _builtins.str = ...,
         sampling: Global___Sampling | None = ...,
         dispatch_time: _builtins.float = ...,
+        default_slos: _abc.Iterable[_builtins.str] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "dispatch_time", b"dispatch_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "arrival_time", b"arrival_time", "default_slos", b"default_slos", "dispatch_time", b"dispatch_time", "generated_token_ids", b"generated_token_ids", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "num_offloads", b"num_offloads", "origin_instance", b"origin_instance", "priority", b"priority", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015

@@ -254,6 +254,7 @@ class ExecutorDescription(_message.Message):
     EOS_TOKEN_FIELD_NUMBER: _builtins.int
     NOISE_STREAM_FIELD_NUMBER: _builtins.int
     NOISE_CV_FIELD_NUMBER: _builtins.int
+    EOS_TOKEN_IDS_FIELD_NUMBER: _builtins.int
     model: _builtins.str
     hardware: _builtins.str
     backend: _builtins.str
@@ -279,6 +280,12 @@ class ExecutorDescription(_message.Message):
     def ignored_sampling(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Sampling fields this backend does not honour"""
 
+    @_builtins.property
+    def eos_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """Tokens that end a request unless it sets ignore_eos: one of them as the last allowed
+        token is finish_reason "stop", not "length" (vLLM's check_stop order; issue 35)
+        """
+
     def __init__(
         self,
         *,
@@ -295,10 +302,11 @@ class ExecutorDescription(_message.Message):
         eos_token: _builtins.str = ...,
         noise_stream: _builtins.str = ...,
         noise_cv: _builtins.float = ...,
+        eos_token_ids: _abc.Iterable[_builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "bos_token", b"bos_token", "chat_template", b"chat_template", "eos_token", b"eos_token", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "noise_cv", b"noise_cv", "noise_stream", b"noise_stream", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backend", b"backend", "block_size", b"block_size", "bos_token", b"bos_token", "chat_template", b"chat_template", "eos_token", b"eos_token", "eos_token_ids", b"eos_token_ids", "hardware", b"hardware", "ignored_sampling", b"ignored_sampling", "kv_capacity_blocks", b"kv_capacity_blocks", "max_context", b"max_context", "model", b"model", "noise_cv", b"noise_cv", "noise_stream", b"noise_stream", "tokenizer_json", b"tokenizer_json"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

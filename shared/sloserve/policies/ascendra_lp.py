@@ -75,11 +75,13 @@ def awaits_first_token(req: Request) -> bool:
 
 
 def late_requests(view: InstanceView) -> list[Request]:
-    """§6.3: waiting requests already past their TTFT deadline that have not started."""
+    """§6.3: waiting requests already past their TTFT deadline that have not started (only
+    a TTFT the request asked for: a deployment's default never drops it, issue 35)."""
     out = []
     for req in view.waiting:
         deadline = req.ttft_deadline
-        if deadline is not None and view.now > deadline and awaits_first_token(req):
+        if (deadline is not None and view.now > deadline and awaits_first_token(req)
+                and req.slo.own("ttft") is not None):
             out.append(req)
     return out
 

@@ -231,6 +231,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     deployment_flags.resolve_into(args)  # model, GPU, seed, noise, KV: the Deployment's
+    # start-up progress: ``up`` reads these events from the log (issue 35)
+    obs.setup_logging("executor").info("loading", backend=args.backend, model=args.model)
     backend = make_backend(
         args.backend, model=args.model, gpu=args.gpu, seed=args.seed, noise_cv=args.noise_cv,
         instance=args.instance, block_size=args.block_size, num_blocks=args.num_blocks,
@@ -249,6 +251,7 @@ async def serve(args: argparse.Namespace) -> None:
         lambda s: executor_grpc.add_ExecutorServicer_to_server(svc, s),
     )
     obs.start_metrics(args.metrics_port, args.host)
+    svc.log.info("warming_up")
     await svc.publish_warmup()
     flusher = asyncio.create_task(svc.flush_forever())
     svc.log.info("serving", port=args.port, backend=args.backend, model=args.model)

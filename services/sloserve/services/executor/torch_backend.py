@@ -56,6 +56,7 @@ class TorchBackend:
             kv_capacity_blocks=self.engine.num_blocks, block_size=self.engine.block_size,
             max_context=shape.max_context, tokenizer_json=self.engine.tokenizer_json(),
             chat_template=chat.template, bos_token=chat.bos_token, eos_token=chat.eos_token,
+            eos_token_ids=[] if self.ignore_eos else list(self.engine.tokenizer.eos_token_ids),
         )
 
     def reset(self) -> None:

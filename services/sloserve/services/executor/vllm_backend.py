@@ -245,6 +245,7 @@ class VllmBackend:
             max_context=self.engine.runner.max_model_len,
             tokenizer_json=tok.read_text() if tok.is_file() else "",
             chat_template=chat.template, bos_token=chat.bos_token, eos_token=chat.eos_token,
+            eos_token_ids=list(self.engine.runner.eos_token_ids),
         )
 
     def reset(self) -> None:

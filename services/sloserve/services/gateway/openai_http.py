@@ -7,11 +7,12 @@ ending ``data: [DONE]``, ``stream_options.include_usage``; ``usage`` on every
 non-streamed answer), ``GET /v1/models``, ``/health``, ``/metrics``. Errors are
 OpenAI's JSON ``{"error": {"message", "type", "param", "code"}}``: 400 bad input,
 401 missing/wrong API key, 404 unknown model, 429 dropped under overload, 503 no
-scheduler connected. Sampling as vLLM's OpenAI server takes it (``temperature``,
-``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``, ``ignore_eos``,
-``max_tokens``/``max_completion_tokens``, ``n`` = 1). SLOs and priority: body fields
-``ttft_slo_ms``, ``tbt_slo_ms``, ``jct_slo_ms``, ``priority``, or llm-d's headers
-``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms`` (the body wins).
+scheduler connected (both with ``Retry-After``). Sampling as vLLM's OpenAI server takes
+it (``temperature``, ``top_p``, ``top_k``, ``seed``, ``stop``, ``stop_token_ids``,
+``ignore_eos``, ``max_tokens``/``max_completion_tokens``, ``n`` = 1). SLOs and priority:
+body fields ``ttft_slo_ms``, ``tbt_slo_ms``, ``jct_slo_ms``, ``priority``, or llm-d's
+headers ``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms`` (the body wins); a request
+without them gets the gateway's defaults, scored but never a reason to shed it.
 
 A streamed request waits for its first token before answering, so a request dropped
 before it gets a 429 status, not a broken stream; a drop after it ends the stream with
@@ -36,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from sloserve.admission import RETRY_AFTER_S
 from sloserve.services import auth
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
 from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
@@ -72,7 +74,10 @@ class BadRequest(GatewayError):
 
 def error_response(exc: GatewayError, renames: dict[str, str] | None = None) -> JSONResponse:
     status, kind = STATUS.get(exc.code, (500, "internal_error"))
-    return JSONResponse(error_body(exc, renames), status_code=status)
+    # shed (429) or no scheduler yet (503): when to try again (RFC 9110 §10.2.3), so
+    # clients (the openai SDK) wait that long instead of retrying at once
+    retry = {"retry-after": str(RETRY_AFTER_S)} if status in (429, 503) else None
+    return JSONResponse(error_body(exc, renames), status_code=status, headers=retry)
 
 
 def error_body(exc: GatewayError, renames: dict[str, str] | None = None) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from typing import IO
 
 import grpc
 
+from sloserve.admission import RETRY_AFTER_S
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
 from sloserve.request import Request
@@ -55,6 +56,8 @@ from sloserve.services.proto import (
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
+# gRPC's retry pushback (gRFC A6): on a shed answer, when the client may try again
+PUSHBACK_METADATA = "grpc-retry-pushback-ms"
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 
@@ -91,6 +94,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         first = next(iter(statuses.values())).executor
         self.model = first.model  # the served model name (metrics' model_name, /v1/models)
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
+        self.eos_ids = frozenset(first.eos_token_ids)  # finish_reason "stop" on one of them
         self.limits = Limits(
             min(min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
                 for s in statuses.values()),
@@ -243,7 +247,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 text, hit = stops.push(detok.push(ev.token_id), ev.finished)
                 last = ev.finished or hit
                 if last:
-                    reason = "stop" if hit else _finish_reason(ev, spec.max_tokens)
+                    reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
                 t = time.time()
                 timeline.token(t)
                 yield gateway_pb2.GenerateChunk(
@@ -282,7 +286,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         try:
             f = await self.open(request, now, owner=self._owner(context))
         except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc)
         try:
             await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
         except BaseException:  # the client is gone before its first token
@@ -293,7 +297,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 async for chunk in chunks:
                     yield chunk
         except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
+            await _abort(context, exc)
 
     async def _prompt_ids(self, request: gateway_pb2.GenerateRequest, prompt: str) -> list[int]:
         """The prompt's token ids; a large text prompt is tokenized off the event loop,
@@ -356,9 +360,22 @@ class GatewayService(gateway_grpc.GatewayServicer):
             chat_template="model" if first.chat_template else "chatml")
 
 
-def _finish_reason(ev: scheduler_pb2.TokenEvent, max_tokens: int) -> str:
-    """OpenAI/vLLM semantics: ``length`` when max_tokens was reached, else ``stop``."""
-    return "length" if ev.index + 1 >= max_tokens else "stop"
+async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
+    """End the call with ``exc``; a shed one (RESOURCE_EXHAUSTED) says when to retry."""
+    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        context.set_trailing_metadata(((PUSHBACK_METADATA, str(RETRY_AFTER_S * 1000)),))
+    await context.abort(exc.code, exc.message)
+
+
+def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
+                   eos_ids: frozenset[int]) -> str:
+    """vLLM's ``check_stop`` order: an EOS (unless ``ignore_eos``) or a stop id is
+    ``stop`` even as the last allowed token; else ``length`` when max_tokens was reached,
+    ``stop`` before it (issue 35)."""
+    s = spec.sampling
+    if ev.token_id in s.stop_token_ids or (not s.ignore_eos and ev.token_id in eos_ids):
+        return "stop"
+    return "length" if ev.index + 1 >= spec.max_tokens else "stop"
 
 
 async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:

@@ -167,4 +167,6 @@ def request_spec(
         if value is not None:
             check_slo(name, value, limits.inputs)
             setattr(spec, name, value)
+            if not r.HasField(name):  # the deployment's, not asked for: never shed for it
+                spec.default_slos.append(name.removesuffix("_slo"))
     return spec

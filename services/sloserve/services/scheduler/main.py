@@ -54,6 +54,8 @@ async def serve(args: argparse.Namespace) -> None:
     redis = connect(args.redis_url)
     keys = Keys(args.prefix)
     executor = executor_grpc.ExecutorStub(rpc.channel(args.executor))
+    # start-up progress: ``up`` reads these events from the log (issue 35)
+    obs.setup_logging("scheduler").info("waiting_for_executor", executor=args.executor)
     desc = await _describe(executor, args.connect_timeout)
     perf_model = regression_for(desc.model, desc.hardware)  # roofline until the first fit
     if dep.prefix_caching and desc.backend not in PREFIX_CACHING_BACKENDS:
@@ -80,6 +82,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     tasks = []
     if dep.perf_model == "online":  # roofline: the uncalibrated model, frozen (tests)
+        svc.log.info("waiting_for_perf_model", wait_s=args.coefficients_wait)
         tasks.append(await follow(redis, keys.coefficients, apply, wait_s=args.coefficients_wait,
                                   outage=Outage("coefficients", svc.log)))
     svc.restore(await store.outage.until_ok(store.restore))  # waits for Redis: never guess
