@@ -178,6 +178,7 @@ def from_env(environ: typing.Mapping[str, str] | None = None) -> Deployment:
 
 
 def _check_setting(f: Field[Any], value: Any, hint: Any) -> None:
+    """One field's value against its type and its ``setting`` rule, refused by name."""
     if f.name in ("policy_config", "admission"):
         want = PolicyConfig if f.name == "policy_config" else Admission
         if value is not None and not isinstance(value, want):
@@ -188,20 +189,34 @@ def _check_setting(f: Field[Any], value: Any, hint: Any) -> None:
         if type(None) not in kinds:
             raise ValueError(f"{f.name}: must be set, got None")
         return
-    ok = ((bool in kinds and isinstance(value, bool))
-          or (int in kinds and isinstance(value, int) and not isinstance(value, bool))
-          or (float in kinds and isinstance(value, int | float) and not isinstance(value, bool))
-          or (str in kinds and isinstance(value, str)))
-    if not ok:
+    _check_kind(f.name, value, kinds)
+    _check_bounds(f.name, value, f.metadata)
+
+
+def _of_kind(value: Any, kinds: tuple[Any, ...]) -> bool:
+    """Whether ``value`` is one of ``kinds`` (a bool is not an int, an int is a float)."""
+    if isinstance(value, bool):
+        return bool in kinds
+    return ((int in kinds and isinstance(value, int))
+            or (float in kinds and isinstance(value, int | float))
+            or (str in kinds and isinstance(value, str)))
+
+
+def _check_kind(name: str, value: Any, kinds: tuple[Any, ...]) -> None:
+    if not _of_kind(value, kinds):
         names = " or ".join(k.__name__ for k in kinds if k is not type(None))
-        raise ValueError(f"{f.name}: must be {names}, got {value!r}")
+        raise ValueError(f"{name}: must be {names}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{f.name}: must be finite, got {value}")
-    meta = f.metadata
+        raise ValueError(f"{name}: must be finite, got {value}")
+
+
+def _check_bounds(name: str, value: Any, meta: Any) -> None:
     if "choices" in meta and value not in meta["choices"]:
-        raise ValueError(f"{f.name}: must be one of {', '.join(meta['choices'])}; "
+        raise ValueError(f"{name}: must be one of {', '.join(meta['choices'])}; "
                          f"got {value!r}")
-    if "min" in meta and not isinstance(value, bool) and value < meta["min"]:
-        raise ValueError(f"{f.name}: must be >= {meta['min']}, got {value}")
-    if "above" in meta and not isinstance(value, bool) and value <= meta["above"]:
-        raise ValueError(f"{f.name}: must be > {meta['above']}, got {value}")
+    if isinstance(value, bool):
+        return
+    if "min" in meta and value < meta["min"]:
+        raise ValueError(f"{name}: must be >= {meta['min']}, got {value}")
+    if "above" in meta and value <= meta["above"]:
+        raise ValueError(f"{name}: must be > {meta['above']}, got {value}")

@@ -61,7 +61,21 @@ class SimConfig(Deployment):
     workers: int = 1
 
     def validate(self) -> None:
+        """Every field's rule, refused naming the field (and its flag) before anything runs."""
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
+        self._check_workload()
+        self._check_perf_model()
+        self._check_noise()
+        if self.metrics not in ("exact", "stream"):
+            raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
+                             f"got {self.metrics!r}")
+        if self.workers < 1:
+            raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
+        if self.workers > 1 and (why := split_refusal(self)) is not None:
+            raise ValueError(why)
+        self.check()  # every Deployment field's own rule
+
+    def _check_workload(self) -> None:
         if not self.qps > 0:
             raise ValueError(f"qps: must be > 0, got {self.qps}")
         if self.num_requests < 1:
@@ -73,6 +87,16 @@ class SimConfig(Deployment):
         if self.sample is not None and self.sample not in ("random", "ordered"):
             raise ValueError(f"sample (--sample): must be 'random' or 'ordered', "
                              f"got {self.sample!r}")
+        if not 0.0 <= self.jct_share <= 1.0:
+            raise ValueError(f"jct_share (--jct-share): must be in [0, 1], got {self.jct_share!r}")
+        if self.jct_share and self.slo_mix != "hetero":
+            raise ValueError("jct_share (--jct-share): offline JCT requests are part of the "
+                             "heterogeneous mix; add --slo-mix hetero")
+        if self.arrival_times is not None and not all(
+                math.isfinite(t) and t >= 0 for t in self.arrival_times):
+            raise ValueError("arrival_times: every offset must be a finite number >= 0")
+
+    def _check_perf_model(self) -> None:
         if self.perf_model not in ("online", "roofline"):
             raise ValueError(f"perf_model: must be 'online' or 'roofline', got {self.perf_model!r}")
         if self.refit_interval is not None:
@@ -86,14 +110,8 @@ class SimConfig(Deployment):
         if self.controller_lag and self.overhead_profile is None:
             raise ValueError("controller_lag (--controller-lag): needs an overhead profile "
                              "with delivery samples (--overhead-profile)")
-        if self.metrics not in ("exact", "stream"):
-            raise ValueError(f"metrics (--metrics): must be 'exact' or 'stream', "
-                             f"got {self.metrics!r}")
-        if not 0.0 <= self.jct_share <= 1.0:
-            raise ValueError(f"jct_share (--jct-share): must be in [0, 1], got {self.jct_share!r}")
-        if self.jct_share and self.slo_mix != "hetero":
-            raise ValueError("jct_share (--jct-share): offline JCT requests are part of the "
-                             "heterogeneous mix; add --slo-mix hetero")
+
+    def _check_noise(self) -> None:
         if self.noise_cv < 0:
             raise ValueError(f"noise_cv: must be >= 0, got {self.noise_cv}")
         if self.noise_streams not in ("run", "instance"):
@@ -103,14 +121,6 @@ class SimConfig(Deployment):
                                             or not isinstance(self.noise_seed, int)):
             raise ValueError(f"noise_seed (--noise-seed): must be an integer, "
                              f"got {self.noise_seed!r}")
-        if self.arrival_times is not None and not all(
-                math.isfinite(t) and t >= 0 for t in self.arrival_times):
-            raise ValueError("arrival_times: every offset must be a finite number >= 0")
-        if self.workers < 1:
-            raise ValueError(f"workers (--workers): must be >= 1, got {self.workers}")
-        if self.workers > 1 and (why := split_refusal(self)) is not None:
-            raise ValueError(why)
-        self.check()  # every Deployment field's own rule
 
     @property
     def truth_seed(self) -> int:

@@ -180,58 +180,8 @@ class Simulation:
         self.cfg = cfg
         self.model = get_model(cfg.model)
         self.timing = build_timing(cfg)
-        # the simulated executor's idle gap between back-to-back batches (the live stack's
-        # measured service overhead): part of the ground truth, never seen by a policy
-        profile = None if cfg.overhead_profile is None else OverheadProfile.load(
-            cfg.overhead_profile)
-        self.overhead = None if profile is None else OverheadSampler(profile, cfg.seed)
-        # the gateway's delivery of each token, where the profile measured it: only what is
-        # reported moves (tokens as the client gets them), never what is scheduled
-        self.delivery = (DeliverySampler(profile, cfg.seed)
-                         if profile is not None and profile.delivery_s else None)
-        if cfg.controller_lag and (profile is None or not profile.delivery_s):
-            raise ValueError(f"controller_lag (--controller-lag): {cfg.overhead_profile} has no "
-                             f"delivery samples (measured by `bench --overhead-out`)")
-        hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
-        self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
-        if cfg.perf_model == "online":
-            self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.truth_seed))
-        else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
-            self.perf_model.refit_every = 1 << 62
-        # what the policies see: the same model, its observations applied lazily (sim.deferred)
-        # (a part of a split run: only what cannot differ from the whole run's, ``sim.split``)
-        self.policy_perf = (DeferredObservations if part is None
-                            else PartObservations)(self.perf_model, cfg.refit_interval)
-        self._clock = cfg.refit_interval is not None  # refits on simulated time: advance it
-        num_blocks = cfg.num_blocks or self._kv_blocks(hw)
-        spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
-        self.workload = build_workload(cfg, self.model, self.timing)
-        # no prefix identity, nothing to share: the plain manager (results unchanged)
-        kv_cls = (PrefixCachingBlockManager if cfg.prefix_caching and any(
-            r.hash_ids is not None for r in self.workload.requests) else BlockManager)
-        roles = instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
-        mine = [k for k in range(len(roles)) if part is None or k % part[1] == part[0]]
-        self.instances = [
-            Instance(
-                roles[k][0],
-                spec.make(roles[k][1], self.policy_config, num_hp=cfg.hp_instances),
-                kv_cls(num_blocks, cfg.block_size),
-                self.policy_perf,
-                role=roles[k][1],
-                timers=True,  # the event heap holds policy timers (``sim.events.WAKE``)
-            )
-            for k in mine
-        ]
-        self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
-        self.overlap = bool(cfg.overlap)  # None: the simulator's own default, off
-        self.drivers = [InstanceDriver(inst, overlap=self.overlap, simulated=True)
-                        for inst in self.instances]
-        router = PrefixRouter([iid for iid, _ in roles],
-                              capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
-                              ) if cfg.prefix_routing else None
-        # every instance, this part's or not: arrivals are placed as in one process
-        self.controller = Controller(roles, record=cfg.record_decisions, prefix_router=router)
-        timings = instance_timings(cfg, self.timing, mine)
+        profile, hw = self._build_truth(cfg, part)
+        timings = self._build_instances(cfg, part, hw)
         self._batch_time = [t.batch_time for t in timings]
         self.plans: list[tuple[str, float, float, BatchPlan]] | None = (
             [] if cfg.record_decisions else None)  # (instance, start, end, plan): protocol tests
@@ -270,6 +220,69 @@ class Simulation:
         self._retired: list[Request] = []
         if cfg.metrics == "stream":
             self.stream = RunSummary(QuantileSketch)
+
+    def _build_truth(self, cfg: SimConfig,
+                     part: tuple[int, int] | None) -> tuple[OverheadProfile | None, Any]:
+        """The ground truth's extras (overhead gaps, delivery lags) and the online perf model
+        the policies learn from (never handed the ground truth: DESIGN, "sim")."""
+        # the simulated executor's idle gap between back-to-back batches (the live stack's
+        # measured service overhead): part of the ground truth, never seen by a policy
+        profile = None if cfg.overhead_profile is None else OverheadProfile.load(
+            cfg.overhead_profile)
+        self.overhead = None if profile is None else OverheadSampler(profile, cfg.seed)
+        # the gateway's delivery of each token, where the profile measured it: only what is
+        # reported moves (tokens as the client gets them), never what is scheduled
+        self.delivery = (DeliverySampler(profile, cfg.seed)
+                         if profile is not None and profile.delivery_s else None)
+        if cfg.controller_lag and (profile is None or not profile.delivery_s):
+            raise ValueError(f"controller_lag (--controller-lag): {cfg.overhead_profile} has no "
+                             f"delivery samples (measured by `bench --overhead-out`)")
+        hw = get_hardware(cfg.gpu) if cfg.timing_profile is None else get_hardware("cpu")
+        self.perf_model = AscendraRegression(self.model, hw, tp=cfg.tp, refit_every=REFIT_EVERY)
+        if cfg.perf_model == "online":
+            self.perf_model.fit(profile_sweep(self.timing, self.model, seed=cfg.truth_seed))
+        else:  # the roofline, frozen: the same predictions in every driver (protocol tests)
+            self.perf_model.refit_every = 1 << 62
+        # what the policies see: the same model, its observations applied lazily (sim.deferred)
+        # (a part of a split run: only what cannot differ from the whole run's, ``sim.split``)
+        self.policy_perf = (DeferredObservations if part is None
+                            else PartObservations)(self.perf_model, cfg.refit_interval)
+        self._clock = cfg.refit_interval is not None  # refits on simulated time: advance it
+        return profile, hw
+
+    def _build_instances(self, cfg: SimConfig, part: tuple[int, int] | None,
+                         hw: Any) -> list[TimingSource]:
+        """The workload, this part's instances with their drivers, the controller; each
+        instance's ground-truth timing."""
+        num_blocks = cfg.num_blocks or self._kv_blocks(hw)
+        spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
+        self.workload = build_workload(cfg, self.model, self.timing)
+        # no prefix identity, nothing to share: the plain manager (results unchanged)
+        kv_cls = (PrefixCachingBlockManager if cfg.prefix_caching and any(
+            r.hash_ids is not None for r in self.workload.requests) else BlockManager)
+        roles = instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
+        mine = [k for k in range(len(roles)) if part is None or k % part[1] == part[0]]
+        self.instances = [
+            Instance(
+                roles[k][0],
+                spec.make(roles[k][1], self.policy_config, num_hp=cfg.hp_instances),
+                kv_cls(num_blocks, cfg.block_size),
+                self.policy_perf,
+                role=roles[k][1],
+                timers=True,  # the event heap holds policy timers (``sim.events.WAKE``)
+            )
+            for k in mine
+        ]
+        self.index = {inst.instance_id: k for k, inst in enumerate(self.instances)}
+        self.overlap = bool(cfg.overlap)  # None: the simulator's own default, off
+        self.drivers = [InstanceDriver(inst, overlap=self.overlap, simulated=True)
+                        for inst in self.instances]
+        router = PrefixRouter([iid for iid, _ in roles],
+                              capacity_units=num_blocks * cfg.block_size // PREFIX_UNIT or 1,
+                              ) if cfg.prefix_routing else None
+        # every instance, this part's or not: arrivals are placed as in one process
+        self.controller = Controller(roles, record=cfg.record_decisions, prefix_router=router)
+        return instance_timings(cfg, self.timing, mine)
 
     def _steady_limit_of(self, k: int) -> int:
         """Instance ``k``'s policy's ``steady_decodes``, or 0 where this driver would have

@@ -269,61 +269,62 @@ def _arrivals(path: Path, raw: list[tuple[int, Any]], unit: float | None) -> lis
     return [(w - w0) + (f - f0) for w, f in parsed]
 
 
+@dataclass(frozen=True, slots=True)
+class _Columns:
+    """Which columns of a trace hold what (found from its first row)."""
+
+    prompt: str
+    output: str
+    arrival: str | None = None
+    unit: float | None = None  # seconds per arrival-column unit
+    hash_ids: str | None = None
+    session: str | None = None
+
+
+def _columns(path: Path, row: dict[str, Any]) -> _Columns:
+    keys = [k for k in row if k is not None]
+    norm = {_norm(k): k for k in keys}
+    arrival, unit = next(((norm[name], u) for name, u in ARRIVAL_COLUMNS if name in norm),
+                         (None, None))
+    hash_col = norm.get("hash_ids")
+    if hash_col is not None and arrival == norm.get("timestamp"):
+        unit = 1e-3  # Mooncake traces: ``timestamp`` in ms from the trace start
+    return _Columns(_find(path, keys, PROMPT_COLUMNS, "prompt-length"),
+                    _find(path, keys, OUTPUT_COLUMNS, "output-length"), arrival, unit,
+                    hash_col, next((norm[c] for c in SESSION_COLUMNS if c in norm), None))
+
+
+def _present(path: Path, lineno: int, row: dict[str, Any], col: str, what: str) -> Any:
+    """``row[col]``, refused naming the line when it is missing or blank."""
+    value = row.get(col)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise TraceError(f"{path} line {lineno}: {what} is missing")
+    return value
+
+
 def _parse(path: Path, records: Iterator[tuple[int, dict[str, Any]]]) -> list[TraceRequest]:
-    prompt_col = output_col = ""
-    arrival_col: str | None = None
-    unit: float | None = None
-    hash_col: str | None = None
-    session_col: str | None = None
+    cols: _Columns | None = None
     lengths: list[tuple[int, int]] = []
     hashes: list[tuple[int, ...] | None] = []
     sessions: list[str | None] = []
     raw_arrivals: list[tuple[int, Any]] = []
     for lineno, row in records:
-        if not prompt_col:
-            keys = [k for k in row if k is not None]
-            prompt_col = _find(path, keys, PROMPT_COLUMNS, "prompt-length")
-            output_col = _find(path, keys, OUTPUT_COLUMNS, "output-length")
-            norm = {_norm(k): k for k in keys}
-            for name, u in ARRIVAL_COLUMNS:
-                if name in norm:
-                    arrival_col, unit = norm[name], u
-                    break
-            hash_col = norm.get("hash_ids")
-            session_col = next((norm[c] for c in SESSION_COLUMNS if c in norm), None)
-            if hash_col is not None and arrival_col == norm.get("timestamp"):
-                unit = 1e-3  # Mooncake traces: ``timestamp`` in ms from the trace start
-        if hash_col is not None:
-            value = row.get(hash_col)
-            if value is None:
-                raise TraceError(f"{path} line {lineno}: hash_ids is missing")
-            hashes.append(_hash_ids(path, lineno, value))
-        else:
-            hashes.append(None)
-        if session_col is not None:
-            value = row.get(session_col)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                raise TraceError(f"{path} line {lineno}: {session_col} is missing")
-            sessions.append(str(value).strip())
-        else:
-            sessions.append(None)
-        lengths.append(
-            (
-                _length(path, lineno, row.get(prompt_col), "prompt"),
-                _length(path, lineno, row.get(output_col), "output"),
-            )
-        )
-        if arrival_col is not None:
-            value = row.get(arrival_col)
-            if value is None or (isinstance(value, str) and not value.strip()):
-                raise TraceError(f"{path} line {lineno}: arrival time is missing")
-            raw_arrivals.append((lineno, value))
-    if not lengths:
+        cols = cols or _columns(path, row)
+        hashes.append(None if cols.hash_ids is None else _hash_ids(
+            path, lineno, _present(path, lineno, row, cols.hash_ids, "hash_ids")))
+        sessions.append(None if cols.session is None else str(
+            _present(path, lineno, row, cols.session, cols.session)).strip())
+        lengths.append((_length(path, lineno, row.get(cols.prompt), "prompt"),
+                        _length(path, lineno, row.get(cols.output), "output")))
+        if cols.arrival is not None:
+            raw_arrivals.append(
+                (lineno, _present(path, lineno, row, cols.arrival, "arrival time")))
+    if cols is None or not lengths:
         raise TraceError(f"{path}: no requests (header only)")
-    if arrival_col is None:
+    if cols.arrival is None:
         return [TraceRequest(p, o, hash_ids=h, session=s)
                 for (p, o), h, s in zip(lengths, hashes, sessions)]
-    times = _arrivals(path, raw_arrivals, unit)
+    times = _arrivals(path, raw_arrivals, cols.unit)
     order = sorted(range(len(times)), key=times.__getitem__)
     return [TraceRequest(*lengths[i], arrival=times[i], hash_ids=hashes[i], session=sessions[i])
             for i in order]
