@@ -238,26 +238,7 @@ def generate_request(body: Any, headers: Any, chat: bool, served: str,
     inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
-    if (bad := lone_surrogate(body, raw)) is not None:
-        raise BadRequest(bad)
-    stream = body.get("stream")
-    if stream is not None and not isinstance(stream, bool):
-        raise BadRequest(f"stream: must be true or false, got {stream!r}")
-    model = body.get("model")
-    if model is not None and model != served:
-        raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
-                         grpc.StatusCode.NOT_FOUND, "model_not_found")
-    n = _num(body, "n", int)
-    if n is not None and n != 1:
-        raise BadRequest(f"n: only n=1 is supported, got {n}")
-    for name, allowed in UNSUPPORTED.items():
-        if name in body and body[name] not in allowed:
-            raise BadRequest(f"{name}: not supported by sloserve")
-    opts = body.get("stream_options")
-    if opts is not None and body.get("stream") is not True:  # as OpenAI and vLLM answer
-        raise BadRequest("stream_options: only allowed when stream is true")
-    if opts is not None and not isinstance(opts, dict):
-        raise BadRequest("stream_options: must be an object")
+    _check_body(body, served, raw)
     req = gateway_pb2.GenerateRequest(sampling=_sampling(body))
     if chat:
         _messages(body, req)
@@ -278,6 +259,32 @@ def generate_request(body: Any, headers: Any, chat: bool, served: str,
     if rid:
         req.request_id = rid
     return req, fill
+
+
+def _check_body(body: dict[str, Any], served: str, raw: bytes | None) -> None:
+    """What a body may not hold before it is read field by field (each refused by name):
+    a lone surrogate, a non-boolean ``stream``, another model, ``n`` > 1, unsupported
+    fields, ``stream_options`` without a stream."""
+    if (bad := lone_surrogate(body, raw)) is not None:
+        raise BadRequest(bad)
+    stream = body.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise BadRequest(f"stream: must be true or false, got {stream!r}")
+    model = body.get("model")
+    if model is not None and model != served:
+        raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
+                         grpc.StatusCode.NOT_FOUND, "model_not_found")
+    n = _num(body, "n", int)
+    if n is not None and n != 1:
+        raise BadRequest(f"n: only n=1 is supported, got {n}")
+    for name, allowed in UNSUPPORTED.items():
+        if name in body and body[name] not in allowed:
+            raise BadRequest(f"{name}: not supported by sloserve")
+    opts = body.get("stream_options")
+    if opts is not None and body.get("stream") is not True:  # as OpenAI and vLLM answer
+        raise BadRequest("stream_options: only allowed when stream is true")
+    if opts is not None and not isinstance(opts, dict):
+        raise BadRequest("stream_options: must be an object")
 
 
 def _prompt(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
