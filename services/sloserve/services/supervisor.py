@@ -5,6 +5,10 @@ executor to load) never delays another's. Every ``interval`` a watcher checks it
 service: the process must be alive and its gRPC health service must answer
 SERVING on a *fresh* channel (a channel kept across a restart may sit in gRPC's
 reconnect backoff and report the old failure long after the new process is up).
+The check asks for the server's own status (``""``: liveness), not the service's
+(readiness): a scheduler whose executor hangs turns its service NOT_SERVING so the
+gateway routes around it, but it is healthy and must not be restarted with its
+executor (issue 36, item 4); the executor's own watcher replaces the hung executor.
 
 * process exited → restarted at once;
 * alive but not SERVING (hung, SIGSTOPped, draining for ever) for
@@ -33,6 +37,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sloserve.services.stack import Stack
 
 CHECK_TIMEOUT_S = 1.0
+LIVENESS = ""  # the server's own health status: alive, whatever its readiness
 
 
 def healthy(address: str, service: str, timeout: float = CHECK_TIMEOUT_S) -> bool:
@@ -121,7 +126,7 @@ class Supervisor:
                 code = None if proc is None else proc.returncode
                 self._restart(w, f"exited (code {code})")
                 continue
-            if healthy(svc.address, svc.health):
+            if healthy(svc.address, LIVENESS):
                 w.failing_since = None
                 if w.serving_since is None:
                     w.serving_since = now
