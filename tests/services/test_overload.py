@@ -12,8 +12,11 @@ seed 1), 2.75 req/s slowed, so 3x is 8.25 req/s.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -29,6 +32,18 @@ PROMPT, OUTPUT = 1024, 32
 # the budget the unscaled TBT SLO (0.15 s, strict) gives: the scaled one would relax it
 STACK = dict(policy="sarathi", time_scale=TIME_SCALE, ttft_slo=TTFT, tbt_slo=TBT,
              policy_config=SarathiConfig(token_budget=512))
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[int]:
+    """A second process keeping one core busy (issue 36, item 3: a host doing other
+    work) for the block's duration; yields its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def rss_mb(pid: int) -> float:
@@ -125,3 +140,19 @@ def test_three_times_capacity_sheds_fast_and_the_admitted_keep_their_slos(
     assert out["shed_latency_max_s"] < 1.0, out
     for name, mb in out["rss_after_mb"].items():
         assert mb < out["rss_before_mb"][name] * 1.2 + 20, (name, out)
+
+
+def test_three_times_capacity_on_a_busy_host_the_admitted_still_keep_their_slos(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """Issue 36, item 3: with a second process keeping one core busy the shed decision
+    still holds (the prediction is scaled by the instance's measured pace)."""
+    stack = start_stack(**STACK)
+    with busy_core():
+        out = run_overload(stack, duration_s=40.0, seed=1)
+    print(f"\nbusy host, 3x: {out['admitted']}/{out['requests']} admitted, "
+          f"goodput share of the admitted {out['goodput_share_admitted']:.3f}, "
+          f"TTFT p99 {out['ttft_admitted_p99_s']:.2f} s")
+    assert not out["errors"], out["errors"][:3]
+    assert out["admitted"] > 0.2 * out["requests"], out  # capacity is still used
+    assert out["goodput_share_admitted"] >= 0.9, out

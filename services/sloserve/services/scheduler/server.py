@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2
 
-from sloserve.admission import Admission, refusal
+from sloserve.admission import Admission, Pace, refusal
 from sloserve.health import HangDeadline
 from sloserve.instance import Instance
 from sloserve.policies.flags import config_json
@@ -63,6 +63,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         # clock (protocol tests) runs the simulator's timeline, which has no overlap
         self.overlap = overlap and not clock.virtual
         self.hang = hang or HangDeadline()
+        self.pace = Pace()  # wall time per iteration / predicted: admission's scale
         self.health: health.aio.HealthServicer | None = None  # set once serving
         self.clock, self.decision_log = clock, decision_log
         self.specs: dict[str, common_pb2.RequestSpec] = {}  # wire input of each request
@@ -104,7 +105,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             req = request_of(spec, hash_unit=unit)
             if (fresh and self.admission is not None and not spec.generated_token_ids
                     and spec.num_offloads == 0 and spec.dispatch_time == spec.arrival_time
-                    and (why := refusal(self.instance, req, now, self.admission))):
+                    and (why := refusal(self.instance, req, now, self.admission,
+                                        self.pace.ratio))):
                 raise ValueError(why)
             self.instance.add_request(req, now)
         except ValueError as exc:
