@@ -42,7 +42,10 @@ from sloserve.request import Request
 MAX_QUEUED_REQUESTS = 1024  # per instance, waiting for their first token
 MAX_QUEUED_TOKENS = 1 << 20  # per instance, prefill tokens not yet computed
 SHED_PREFIX = "shed:"  # every refusal's reason starts with it (clients may match on it)
-PACE_WEIGHT = 0.1  # EWMA weight of the newest iteration's wall / predicted ratio
+# EWMA weights of the newest iteration's wall / predicted ratio: a slowdown is followed
+# at once, a recovery slowly (a busy host's stalls come in bursts; erring slow sheds a
+# little more, erring fast admits requests that then miss)
+PACE_RISE, PACE_FALL = 0.3, 0.05
 MAX_PACE = 100.0
 
 
@@ -68,14 +71,13 @@ class Pace:
     admits requests that then miss; issue 36, item 3)."""
 
     ratio: float = 1.0
-    weight: float = PACE_WEIGHT
 
     def observe(self, predicted_s: float, wall_s: float) -> None:
         """A batch's result came ``wall_s`` after the previous one (back to back)."""
         if not (predicted_s > 0 and math.isfinite(wall_s) and wall_s >= 0):
             return
         r = min(MAX_PACE, max(1.0, wall_s / predicted_s))
-        self.ratio += self.weight * (r - self.ratio)
+        self.ratio += (PACE_RISE if r > self.ratio else PACE_FALL) * (r - self.ratio)
 
 
 def for_deployment(limits: Admission, num_hp: int) -> Admission:

@@ -70,7 +70,9 @@ class BadRequest(GatewayError):
 
 def error_response(exc: GatewayError) -> JSONResponse:
     status, kind = STATUS.get(exc.code, (500, "internal_error"))
-    return JSONResponse(error_body(exc), status_code=status)
+    retry = getattr(exc, "retry_after_s", None)  # a per-key limit: Retry-After, whole seconds
+    headers = None if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
+    return JSONResponse(error_body(exc), status_code=status, headers=headers)
 
 
 def error_body(exc: GatewayError) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -53,9 +54,11 @@ from sloserve.services.proto import (
     scheduler_grpc,
     scheduler_pb2,
 )
+from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
+RETRY_PUSHBACK_METADATA = "grpc-retry-pushback-ms"  # a per-key limit's retry hint (gRFC A6)
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 
@@ -63,9 +66,17 @@ INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 class GatewayError(Exception):
     """A request the gateway refuses or ends: the gRPC status and its message."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+        self.retry_after_s = retry_after_s  # a per-key limit: when to try again
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        """gRPC's retry pushback (``grpc-retry-pushback-ms``, gRFC A6) when there is one."""
+        if self.retry_after_s is None:
+            return ()
+        return ((RETRY_PUSHBACK_METADATA, str(max(1, math.ceil(self.retry_after_s * 1000)))),)
 
 
 @dataclass(slots=True)
@@ -75,6 +86,7 @@ class Flight:
     events: asyncio.Queue[Event]
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
+    tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -100,6 +112,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         self.auth_on = False  # API keys configured (``serve``): requests have owners
+        self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
             iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
@@ -213,7 +226,17 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if spec.request_id in self.flights:
             raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
                                f"request_id: {spec.request_id!r} is already in flight")
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner)
+        tenant = None
+        if self.tenants is not None:  # the key's own share first (issue 36, item 7)
+            refused = self.tenants.acquire(
+                owner, len(spec.prompt_token_ids) + spec.max_tokens, now)
+            if refused is not None:
+                metrics.DROPS.labels(self.model, "per_key_limit").inc()
+                raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"request {spec.request_id}: {refused.reason}",
+                                   refused.retry_after_s)
+            tenant = owner
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner, tenant=tenant)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -266,6 +289,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         rid = f.spec.request_id
         instance = self.ctl.location.get(rid)
         self.flights.pop(rid, None)
+        if f.tenant is not None and self.tenants is not None:
+            self.tenants.release(f.tenant)
+            f.tenant = None  # once
         if cancel:
             if instance is not None:
                 self.links[instance].cancel(rid)
@@ -283,7 +309,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         try:
             f = await self.open(request, now, owner=self._owner(context))
         except GatewayError as exc:
-            await context.abort(exc.code, exc.message)
+            await context.abort(exc.code, exc.message, exc.trailers())
         try:
             await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
         except BaseException:  # the client is gone before its first token
@@ -403,6 +429,8 @@ async def serve(args: argparse.Namespace) -> None:
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
+    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
+    svc.tenants = TenantLimiter(tenants) if tenants.on else None
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
@@ -442,6 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None,
                    help=f"API keys, one per line (also ${auth.API_KEYS_ENV}); none: auth off")
     InputLimits.add_flags(p)
+    p.add_argument("--max-inflight-per-key", type=int, default=0, metavar="N",
+                   help="requests one API key may have in flight (0: no bound); over it: "
+                        "RESOURCE_EXHAUSTED / HTTP 429 with a retry hint")
+    p.add_argument("--key-token-rate", type=float, default=0.0, metavar="TOKENS_PER_S",
+                   help="each API key's token bucket rate over prompt + max_tokens (0: off)")
+    p.add_argument("--key-token-burst", type=float, default=0.0, metavar="TOKENS",
+                   help=f"the bucket's depth (0: {DEFAULT_BURST_S:g} s of the rate)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")
