@@ -27,6 +27,7 @@ from sloserve.policies import policy_names
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services import admission_flags
+from sloserve.services.argtypes import number
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
@@ -35,6 +36,9 @@ from sloserve.tenancy import KeyLimits
 
 UNHEALTHY_S = 10.0
 UNHEALTHY_REAL_S = 60.0
+
+
+AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -72,11 +76,14 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--api-key-file", default=None,
                    help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
                         "none configured: auth off")
-    p.add_argument("--max-inflight-per-key", type=int, default=0, metavar="N",
+    p.add_argument("--max-inflight-per-key", type=AT_LEAST_0,
+                   default=0, metavar="N",
                    help="gateway: requests one API key may have in flight (0: no bound)")
-    p.add_argument("--key-token-rate", type=float, default=0.0, metavar="TOKENS_PER_S",
+    p.add_argument("--key-token-rate", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS_PER_S",
                    help="gateway: each API key's token bucket over prompt + max_tokens (0: off)")
-    p.add_argument("--key-token-burst", type=float, default=0.0, metavar="TOKENS",
+    p.add_argument("--key-token-burst", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS",
                    help="gateway: the bucket's depth (0: 10 s of the rate)")
     p.add_argument("--unhealthy-after", type=float, default=None,
                    help="restart a live service whose health check fails this long, s "

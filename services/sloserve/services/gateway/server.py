@@ -30,6 +30,7 @@ from sloserve.decisions import action_record
 from sloserve.defaults import TBT_SLO, TTFT_SLO
 from sloserve.request import Request
 from sloserve.services import auth, metrics, obs, rpc
+from sloserve.services.argtypes import number
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
@@ -413,6 +414,7 @@ def parse_schedulers(values: list[str]) -> dict[str, str]:
 
 async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
+    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
@@ -429,7 +431,6 @@ async def serve(args: argparse.Namespace) -> None:
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
-    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     svc.tenants = TenantLimiter(tenants) if tenants.on else None
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
@@ -457,6 +458,9 @@ async def serve(args: argparse.Namespace) -> None:
     await rpc.serve_until_signal(server, tasks)
 
 
+AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("gateway", port=50051, redis=False)
     p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
@@ -470,12 +474,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None,
                    help=f"API keys, one per line (also ${auth.API_KEYS_ENV}); none: auth off")
     InputLimits.add_flags(p)
-    p.add_argument("--max-inflight-per-key", type=int, default=0, metavar="N",
+    p.add_argument("--max-inflight-per-key", type=AT_LEAST_0,
+                   default=0, metavar="N",
                    help="requests one API key may have in flight (0: no bound); over it: "
                         "RESOURCE_EXHAUSTED / HTTP 429 with a retry hint")
-    p.add_argument("--key-token-rate", type=float, default=0.0, metavar="TOKENS_PER_S",
+    p.add_argument("--key-token-rate", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS_PER_S",
                    help="each API key's token bucket rate over prompt + max_tokens (0: off)")
-    p.add_argument("--key-token-burst", type=float, default=0.0, metavar="TOKENS",
+    p.add_argument("--key-token-burst", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS",
                    help=f"the bucket's depth (0: {DEFAULT_BURST_S:g} s of the rate)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
