@@ -17,6 +17,11 @@ or a broken stream, means the executor is lost: the scheduler turns NOT_SERVING
 (the gateway stops routing to it and re-runs its requests elsewhere), puts its
 running requests back to recompute, waits for the executor to answer again
 (it resumed, or was restarted) and turns SERVING on a fresh stream.
+
+The wall time from one result to the next, against the batch's predicted time, is the
+instance's admission pace (``sloserve.admission.Pace``; wall clock only): the shed
+decision scales its prediction by it (issue 36, item 3), exported as
+``sloserve_admission_pace``.
 """
 
 from __future__ import annotations
@@ -54,6 +59,9 @@ OVERHEAD = Histogram(
     buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
 )
 QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
+PACE = Gauge("sloserve_admission_pace",
+             "Wall time per iteration / the perf model's prediction (admission's scale)",
+             ["instance"])
 # (state, events, stopped): the tokens go into the message when it is flushed, after the
 # next plan has left, so per-token message building is off the critical path
 Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str]]
@@ -215,6 +223,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    m_pace = PACE.labels(iid)
     fam = _Families(svc)
     prev_recv: float | None = None  # end of the previous busy iteration
     report: Report | None = None
@@ -252,6 +261,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             if prev_recv is not None:
                 if not clock.virtual:  # the event clock's batches take no wall time
                     svc.pace.observe(predicted, t_recv - prev_recv)
+                    m_pace.set(svc.pace.ratio)
                 over = t_recv - prev_recv - res.duration_s
                 svc.overhead.append(over)
                 m_over.observe(over)
@@ -285,6 +295,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    m_pace = PACE.labels(iid)
     fam = _Families(svc)
     flight: Flight | None = None  # sent and applied provisionally, result not yet read
     report: Report | None = None
@@ -310,6 +321,7 @@ async def _iterate_overlap(svc: SchedulerService, call: Any) -> None:
         if prev_recv is not None and not f.after_idle:
             if not clock.virtual:  # the event clock's batches take no wall time
                 svc.pace.observe(f.predicted_s, t_recv - prev_recv)
+                m_pace.set(svc.pace.ratio)
             over = t_recv - prev_recv - res.duration_s
             svc.overhead.append(over)
             m_over.observe(over)
