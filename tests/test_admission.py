@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from sloserve.admission import Admission, for_deployment, predicted_ttft, refusal
+from sloserve.admission import Admission, Pace, for_deployment, predicted_ttft, refusal
 from sloserve.batch import BatchShape
 from sloserve.instance import Instance
 from sloserve.kv import BlockManager
@@ -66,6 +66,37 @@ def test_a_request_predicted_to_miss_its_ttft_is_shed_and_one_that_fits_is_not()
     assert refusal(inst, req("no-slo", prompt=512, ttft=None), 0.0, Admission()) is None
     assert refusal(inst, req("late", prompt=512, ttft=0.5), 0.0,
                    Admission(shed_late=False)) is None
+
+
+def test_a_slow_host_pace_stretches_the_prediction_and_sheds_what_would_miss() -> None:
+    """Issue 36, item 3: iterations that take longer on the wall clock than predicted
+    (a busy host) make the shed decision scale the queue ahead by the measured pace."""
+    inst = instance()
+    for k in range(10):
+        inst.add_request(req(f"q{k}", prompt=512), 0.0)
+    pace = Pace()
+    for _ in range(200):  # each result 1.5x its prediction after the previous one
+        pace.observe(0.0512, 1.5 * 0.0512)
+    assert pace.ratio == pytest.approx(1.5, rel=1e-6)
+    t = predicted_ttft(inst, req("x", prompt=512), 0.0, pace.ratio)
+    assert t == pytest.approx(1.5 * 11 * 0.0512, rel=1e-6)
+    ok = req("ok", prompt=512, ttft=0.6)  # fits at the perf model's pace, not at 1.5x
+    assert refusal(inst, ok, 0.0, Admission()) is None
+    assert refusal(inst, ok, 0.0, Admission(), pace.ratio) is not None
+    # time already waited is wall time: not scaled
+    assert predicted_ttft(inst, req("old", prompt=512, at=-1.0), 0.0, 2.0) == \
+        pytest.approx(1.0 + 2 * 11 * 0.0512)
+
+
+def test_pace_never_goes_below_the_perf_model_and_ignores_nonsense() -> None:
+    pace = Pace()
+    for _ in range(50):
+        pace.observe(0.1, 0.05)  # faster than predicted: still 1 (never optimistic)
+    assert pace.ratio == 1.0
+    for bad in (float("nan"), float("inf"), -1.0):
+        pace.observe(0.1, bad)
+    pace.observe(0.0, 1.0)  # no prediction: nothing to compare
+    assert pace.ratio == 1.0
 
 
 def test_running_decodes_shrink_the_prefill_chunk_and_delay_the_first_token() -> None:

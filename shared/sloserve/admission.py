@@ -22,6 +22,13 @@ so shedding it at the door would pre-empt the rescue; the queue bounds still hol
 Only first placements are judged: re-runs after an instance was lost, offloads and
 requests restored after a restart were already accepted and are never refused.
 The simulator and the live scheduler call the same :func:`refusal`.
+
+On a live instance the prediction is scaled by its :class:`Pace`: how long its
+iterations really take from one result to the next (the executor's time plus the
+scheduler's own and every hop, all of which stretch on a busy host) relative to the
+perf model's prediction for them. A shed decision must hold on a busy host too
+(issue 36, item 3): the perf model predicts the executor's batch, not the host's
+queueing around it. The simulator has no such overhead (its pace is 1).
 """
 
 from __future__ import annotations
@@ -41,6 +48,11 @@ SHED_PREFIX = "shed:"  # every refusal's reason starts with it (clients may matc
 # grpc-retry-pushback-ms; issue 35): the smallest whole Retry-After, about one TTFT SLO,
 # the time the queue that refused it takes to move on
 RETRY_AFTER_S = 1
+# EWMA weights of the newest iteration's wall / predicted ratio: a slowdown is followed
+# at once, a recovery slowly (a busy host's stalls come in bursts; erring slow sheds a
+# little more, erring fast admits requests that then miss)
+PACE_RISE, PACE_FALL = 0.3, 0.05
+MAX_PACE = 100.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,22 @@ class Admission:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"{name}: must be an integer >= 0 (0: no bound), got {value!r}")
+
+
+@dataclass(slots=True)
+class Pace:
+    """How much longer an instance's iterations take, result to result on the wall clock,
+    than the perf model predicts (an EWMA, never below 1: an optimistic prediction
+    admits requests that then miss; issue 36, item 3)."""
+
+    ratio: float = 1.0
+
+    def observe(self, predicted_s: float, wall_s: float) -> None:
+        """A batch's result came ``wall_s`` after the previous one (back to back)."""
+        if not (predicted_s > 0 and math.isfinite(wall_s) and wall_s >= 0):
+            return
+        r = min(MAX_PACE, max(1.0, wall_s / predicted_s))
+        self.ratio += (PACE_RISE if r > self.ratio else PACE_FALL) * (r - self.ratio)
 
 
 def for_deployment(limits: Admission, num_hp: int) -> Admission:
@@ -76,8 +104,9 @@ def queued_prefill(inst: Instance) -> tuple[int, int]:
     return n, tokens
 
 
-def predicted_ttft(inst: Instance, req: Request, now: float) -> float:
-    """When ``req`` would get its first token if it queued on ``inst`` now, from its arrival."""
+def predicted_ttft(inst: Instance, req: Request, now: float, pace: float = 1.0) -> float:
+    """When ``req`` would get its first token if it queued on ``inst`` now, from its arrival;
+    the iterations ahead take ``pace`` times the perf model's prediction (:class:`Pace`)."""
     _, ahead = queued_prefill(inst)
     work = ahead + req.prompt_len
     budget = getattr(inst.policy.config, "budget", RELAXED_TOKEN_BUDGET)
@@ -91,10 +120,11 @@ def predicted_ttft(inst: Instance, req: Request, now: float) -> float:
         t += full * inst.perf_model.predict(BatchShape(((chunk, 0),), decodes))
     if last:
         t += inst.perf_model.predict(BatchShape(((last, 0),), decodes))
-    return (now - req.arrival_time) + t
+    return (now - req.arrival_time) + max(1.0, pace) * t
 
 
-def refusal(inst: Instance, req: Request, now: float, limits: Admission) -> str | None:
+def refusal(inst: Instance, req: Request, now: float, limits: Admission,
+            pace: float = 1.0) -> str | None:
     """Why ``req`` may not queue on ``inst`` now (``None``: admit it)."""
     n, tokens = queued_prefill(inst)
     if limits.max_queued_requests and n >= limits.max_queued_requests:
@@ -105,7 +135,7 @@ def refusal(inst: Instance, req: Request, now: float, limits: Admission) -> str 
                 f"+{req.prompt_len} exceeds max_queued_tokens {limits.max_queued_tokens}")
     ttft = req.slo.own("ttft")  # a deployment's default is never a reason to shed (issue 35)
     if limits.shed_late and ttft is not None:
-        t = predicted_ttft(inst, req, now)
+        t = predicted_ttft(inst, req, now, pace)
         if t > ttft and math.isfinite(t):
             return (f"{SHED_PREFIX} predicted TTFT {t:.3f}s on {inst.instance_id} exceeds "
                     f"the TTFT SLO {ttft:.3f}s")

@@ -100,11 +100,12 @@ class InstanceDriver:
         return plan, offloaded, dropped, None
 
     def refusal(self, req: Request, now: float, dispatch_time: float,
-                limits: Admission | None) -> str | None:
-        """Why admission control refuses ``req`` (a first placement only), or None."""
+                limits: Admission | None, pace: float = 1.0) -> str | None:
+        """Why admission control refuses ``req`` (a first placement only), or None;
+        ``pace``: the instance's measured slowdown (``admission.Pace``, live only)."""
         if limits is None or not first_placement(req, dispatch_time):
             return None
-        return refusal(self.instance, req, now, limits)
+        return refusal(self.instance, req, now, limits, pace)
 
     def launch(self, plan: BatchPlan, start: float, end: float,
                shape: BatchShape | None = None) -> Flight:

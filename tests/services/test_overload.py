@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sloserve.services.drills.overload import STACK, run_overload
+from sloserve.services.drills.overload import STACK, busy_core, run_overload
 from sloserve.services.stack import Stack
 
 
@@ -31,3 +31,19 @@ def test_three_times_capacity_sheds_fast_and_the_admitted_keep_their_slos(
     assert out["shed_latency_max_s"] < 1.0, out
     for name, mb in out["rss_after_mb"].items():
         assert mb < out["rss_before_mb"][name] * 1.2 + 20, (name, out)
+
+
+def test_three_times_capacity_on_a_busy_host_the_admitted_still_keep_their_slos(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """Issue 36, item 3: with a second process keeping one core busy the shed decision
+    still holds (the prediction is scaled by the instance's measured pace)."""
+    stack = start_stack(**STACK)
+    with busy_core():
+        out = run_overload(stack, duration_s=40.0, seed=1)
+    print(f"\nbusy host, 3x: {out['admitted']}/{out['requests']} admitted, "
+          f"goodput share of the admitted {out['goodput_share_admitted']:.3f}, "
+          f"TTFT p99 {out['ttft_admitted_p99_s']:.2f} s")
+    assert not out["errors"], out["errors"][:3]
+    assert out["admitted"] > 0.2 * out["requests"], out  # capacity is still used
+    assert out["goodput_share_admitted"] >= 0.9, out

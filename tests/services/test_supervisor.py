@@ -3,6 +3,7 @@ parallel with others, and ``up`` keeps running until it is asked to stop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -173,6 +174,55 @@ def test_a_hung_service_is_killed_and_restarted_after_the_unhealthy_window(up: U
     assert up.proc.poll() is None
     print(f"\nhung scheduler replaced and SERVING {detected:.2f} s after SIGSTOP "
           f"(unhealthy window 3 s); served again {served - t0:.2f} s after SIGSTOP")
+
+
+def test_a_hung_executor_is_replaced_and_its_healthy_scheduler_keeps_running(up: Up) -> None:
+    """Issue 36, item 4: the scheduler turns NOT_SERVING (readiness) when its executor
+    hangs under load, but stays alive; the supervisor replaces the executor only, and
+    the streams in flight complete exactly."""
+    before = up.pids()
+    streams: dict[int, list[int]] = {}
+    failed: list[BaseException] = []
+    first = threading.Barrier(N_STREAMS + 1)
+
+    def stream(k: int) -> None:
+        got = streams.setdefault(k, [])
+        try:
+            for c in Client(f"127.0.0.1:{up.port}").generate(
+                    "hello", max_tokens=STREAM_TOKENS, ignore_eos=True, timeout=90):
+                got.append(c.index)
+                if len(got) == 1:
+                    first.wait(30)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            failed.append(exc)
+
+    threads = [threading.Thread(target=stream, args=(k,)) for k in range(N_STREAMS)]
+    for t in threads:
+        t.start()
+    first.wait(30)  # every stream has its first token: the scheduler is mid-batch
+    t0 = time.monotonic()
+    os.kill(before["executor"], signal.SIGSTOP)
+    try:
+        _wait_for(lambda: up.serving_again("executor") is not None, 60, up.lines)
+        replaced = time.monotonic() - t0
+        for t in threads:
+            t.join(90)
+        served = _served(up.port, time.monotonic() + 60) - t0
+        time.sleep(4.0)  # past another unhealthy window: the scheduler is still not restarted
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # SIGKILLed and reaped: gone
+            os.kill(before["executor"], signal.SIGCONT)
+    lost = [k for k, got in streams.items() if got != list(range(STREAM_TOKENS))]
+    assert not failed and not lost, (failed, lost)
+    after = up.pids()
+    assert after["executor"] != before["executor"]
+    assert not any(re.search(r"supervisor: scheduler", ln) for ln in up.lines), up.lines
+    assert {k: v for k, v in after.items() if k != "executor"} == \
+        {k: v for k, v in before.items() if k != "executor"}, (before, after, up.lines)
+    assert up.proc.poll() is None
+    print(f"\nhung executor replaced and SERVING {replaced:.2f} s after SIGSTOP "
+          f"(unhealthy window 3 s); {N_STREAMS}/{N_STREAMS} streams exact; served again "
+          f"{served:.2f} s after SIGSTOP; scheduler pid unchanged")
 
 
 def test_up_prints_one_auth_line(up: Up) -> None:

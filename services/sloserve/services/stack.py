@@ -34,6 +34,7 @@ from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
 from sloserve.services.executor.backends import BACKENDS, TORCH, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
+from sloserve.tenancy import KeyLimits
 
 # a vllm executor imports vLLM, loads the model and compiles it (as stock vllm serve: 100-200 s
 # on a busy 2-core machine, vLLM 0.32's compile cache does not load here) before it answers
@@ -106,6 +107,7 @@ class StackConfig(Deployment):
     internal_token: str | None = None  # None: $SLOSERVE_INTERNAL_TOKEN, else generated
     internal_auth: bool = True  # False: the internal plane is open (nothing sent or checked)
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
+    key_limits: KeyLimits = KeyLimits()  # the gateway's per-key limits (issue 36, item 7)
     http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
     metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
@@ -252,6 +254,10 @@ class Stack:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:
             gw += ["--http-port", str(c.http_port)]
+        kl = c.key_limits
+        if kl.on:
+            gw += ["--max-inflight-per-key", str(kl.max_inflight), "--key-token-rate",
+                   repr(kl.token_rate), "--key-token-burst", repr(kl.token_burst)]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{c.host}:{c.gateway_port}", "gateway")
 

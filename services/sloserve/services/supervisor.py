@@ -8,6 +8,10 @@ one kept channel (issue 35: a fresh channel per check every 0.5 s cost ``up`` ~4
 core idle); a failed check, or a restart, closes it, so the next check connects afresh
 (a channel kept across a restart may sit in gRPC's reconnect backoff and report the
 old failure long after the new process is up).
+The check asks for the server's own status (``""``: liveness), not the service's
+(readiness): a scheduler whose executor hangs turns its service NOT_SERVING so the
+gateway routes around it, but it is healthy and must not be restarted with its
+executor (issue 36, item 4); the executor's own watcher replaces the hung executor.
 
 * process exited → restarted at once;
 * alive but not SERVING (hung, SIGSTOPped, draining for ever) for
@@ -36,6 +40,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from sloserve.services.stack import Stack
 
 CHECK_TIMEOUT_S = 1.0
+LIVENESS = ""  # the server's own health status: alive, whatever its readiness
 
 
 class HealthCheck:
@@ -124,7 +129,7 @@ class Supervisor:
         self.restarts: list[Restart] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.checks = {name: HealthCheck(svc.address, svc.health)
+        self.checks = {name: HealthCheck(svc.address, LIVENESS)
                        for name, svc in stack.services.items()}
         self._threads = [threading.Thread(target=self._watch, args=(name,),
                                           name=f"supervise-{name}", daemon=True)

@@ -26,10 +26,12 @@ from sloserve.deployment import Deployment
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services import admission_flags, deployment_flags
+from sloserve.services.argtypes import number
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
 from sloserve.services.supervisor import Policy, Supervisor
+from sloserve.tenancy import KeyLimits
 
 UNHEALTHY_S = 10.0
 UNHEALTHY_REAL_S = 60.0
@@ -37,6 +39,9 @@ UNHEALTHY_REAL_S = 60.0
 UP_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "num_blocks",
              "prefix_caching", "overlap", "refit_interval", "ttft_slo", "tbt_slo", "seed",
              "noise_cv")
+
+
+AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -63,6 +68,15 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--api-key-file", default=None,
                    help=f"gateway API keys, one per line (also ${API_KEYS_ENV}); "
                         "none configured: auth off")
+    p.add_argument("--max-inflight-per-key", type=AT_LEAST_0,
+                   default=0, metavar="N",
+                   help="gateway: requests one API key may have in flight (0: no bound)")
+    p.add_argument("--key-token-rate", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS_PER_S",
+                   help="gateway: each API key's token bucket over prompt + max_tokens (0: off)")
+    p.add_argument("--key-token-burst", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS",
+                   help="gateway: the bucket's depth (0: 10 s of the rate)")
     p.add_argument("--unhealthy-after", type=float, default=None,
                    help="restart a live service whose health check fails this long, s "
                         f"(default {UNHEALTHY_S:.0f}; torch/vllm {UNHEALTHY_REAL_S:.0f}: their "
@@ -84,6 +98,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         host=args.host, gateway_port=args.port, redis_url=args.redis_url, prefix=args.prefix,
         log_dir=log_dir, dtype=args.dtype, enforce_eager=args.enforce_eager,
         api_key_file=args.api_key_file,
+        key_limits=KeyLimits(args.max_inflight_per_key, args.key_token_rate,
+                             args.key_token_burst),
         http_port=args.http_port, metrics=True, log_level=args.log_level,
     )
     cfg.validate()

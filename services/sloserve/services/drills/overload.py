@@ -8,7 +8,11 @@ slowed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,18 @@ STACK = dict(policy="sarathi", time_scale=TIME_SCALE, ttft_slo=TTFT, tbt_slo=TBT
              policy_config=SarathiConfig(token_budget=512),
              admission=Admission(),  # `up --admission` (off by default, as vLLM)
              prefix_caching=False)  # CAPACITY is without it: the 50 prompts repeat
+
+
+@contextlib.contextmanager
+def busy_core() -> Iterator[int]:
+    """A second process keeping one core busy (issue 36, item 3: a host doing other
+    work) for the block's duration; yields its pid."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
 
 
 def rss_mb(pid: int) -> float:

@@ -75,9 +75,13 @@ class BadRequest(GatewayError):
 def error_response(exc: GatewayError, renames: dict[str, str] | None = None) -> JSONResponse:
     status, kind = STATUS.get(exc.code, (500, "internal_error"))
     # shed (429) or no scheduler yet (503): when to try again (RFC 9110 §10.2.3), so
-    # clients (the openai SDK) wait that long instead of retrying at once
-    retry = {"retry-after": str(RETRY_AFTER_S)} if status in (429, 503) else None
-    return JSONResponse(error_body(exc, renames), status_code=status, headers=retry)
+    # clients (the openai SDK) wait that long instead of retrying at once; a per-key limit
+    # says when its bucket holds the request (whole seconds)
+    retry = getattr(exc, "retry_after_s", None)
+    if retry is None and status in (429, 503):
+        retry = RETRY_AFTER_S
+    headers = None if retry is None else {"Retry-After": str(max(1, math.ceil(retry)))}
+    return JSONResponse(error_body(exc, renames), status_code=status, headers=headers)
 
 
 def error_body(exc: GatewayError, renames: dict[str, str] | None = None) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -29,6 +30,7 @@ from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
 from sloserve.request import Request
 from sloserve.services import auth, deployment_flags, metrics, obs, rpc
+from sloserve.services.argtypes import number
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
@@ -53,10 +55,11 @@ from sloserve.services.proto import (
     scheduler_grpc,
     scheduler_pb2,
 )
+from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
-# gRPC's retry pushback (gRFC A6): on a shed answer, when the client may try again
+# gRPC's retry pushback (gRFC A6): on a shed or limited answer, when the client may retry
 PUSHBACK_METADATA = "grpc-retry-pushback-ms"
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
@@ -65,9 +68,21 @@ INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 class GatewayError(Exception):
     """A request the gateway refuses or ends: the gRPC status and its message."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code, self.message = code, message
+        self.retry_after_s = retry_after_s  # a per-key limit: when to try again
+
+    def trailers(self) -> tuple[tuple[str, str], ...]:
+        """gRPC's retry pushback (``grpc-retry-pushback-ms``, gRFC A6): a per-key limit's own
+        wait, else ``RETRY_AFTER_S`` for a shed answer (RESOURCE_EXHAUSTED), else none."""
+        retry = self.retry_after_s
+        if retry is None and self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            retry = RETRY_AFTER_S
+        if retry is None:
+            return ()
+        return ((PUSHBACK_METADATA, str(max(1, math.ceil(retry * 1000)))),)
 
 
 @dataclass(slots=True)
@@ -77,6 +92,7 @@ class Flight:
     events: asyncio.Queue[Event]
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
+    tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -103,6 +119,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         self.auth_on = False  # API keys configured (``serve``): requests have owners
+        self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
             iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
@@ -216,7 +233,17 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if spec.request_id in self.flights:
             raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
                                f"request_id: {spec.request_id!r} is already in flight")
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner)
+        tenant = None
+        if self.tenants is not None:  # the key's own share first (issue 36, item 7)
+            refused = self.tenants.acquire(
+                owner, len(spec.prompt_token_ids) + spec.max_tokens, now)
+            if refused is not None:
+                metrics.DROPS.labels(self.model, "per_key_limit").inc()
+                raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                   f"request {spec.request_id}: {refused.reason}",
+                                   refused.retry_after_s)
+            tenant = owner
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner, tenant=tenant)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -269,6 +296,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         rid = f.spec.request_id
         instance = self.ctl.location.get(rid)
         self.flights.pop(rid, None)
+        if f.tenant is not None and self.tenants is not None:
+            self.tenants.release(f.tenant)
+            f.tenant = None  # once
         if cancel:
             if instance is not None:
                 self.links[instance].cancel(rid)
@@ -361,10 +391,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
-    """End the call with ``exc``; a shed one (RESOURCE_EXHAUSTED) says when to retry."""
-    if exc.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        context.set_trailing_metadata(((PUSHBACK_METADATA, str(RETRY_AFTER_S * 1000)),))
-    await context.abort(exc.code, exc.message)
+    """End the call with ``exc``; a shed or limited one says when to retry (its trailers)."""
+    await context.abort(exc.code, exc.message, exc.trailers())
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
@@ -403,6 +431,7 @@ def parse_schedulers(values: list[str]) -> dict[str, str]:
 
 async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
+    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
@@ -419,6 +448,7 @@ async def serve(args: argparse.Namespace) -> None:
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
+    svc.tenants = TenantLimiter(tenants) if tenants.on else None
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
@@ -445,6 +475,9 @@ async def serve(args: argparse.Namespace) -> None:
     await rpc.serve_until_signal(server, tasks)
 
 
+AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("gateway", port=50051, redis=False)
     p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
@@ -457,6 +490,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--api-key-file", default=None,
                    help=f"API keys, one per line (also ${auth.API_KEYS_ENV}); none: auth off")
     InputLimits.add_flags(p)
+    p.add_argument("--max-inflight-per-key", type=AT_LEAST_0,
+                   default=0, metavar="N",
+                   help="requests one API key may have in flight (0: no bound); over it: "
+                        "RESOURCE_EXHAUSTED / HTTP 429 with a retry hint")
+    p.add_argument("--key-token-rate", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS_PER_S",
+                   help="each API key's token bucket rate over prompt + max_tokens (0: off)")
+    p.add_argument("--key-token-burst", type=AT_LEAST_0F,
+                   default=0.0, metavar="TOKENS",
+                   help=f"the bucket's depth (0: {DEFAULT_BURST_S:g} s of the rate)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")

@@ -22,6 +22,11 @@ or a broken stream, means the executor is lost: the scheduler turns NOT_SERVING
 (the gateway stops routing to it and re-runs its requests elsewhere), puts its
 running requests back to recompute, waits for the executor to answer again
 (it resumed, or was restarted) and turns SERVING on a fresh stream.
+
+The wall time from one result to the next, against the batch's predicted time, is the
+instance's admission pace (``sloserve.admission.Pace``; wall clock only): the shed
+decision scales its prediction by it (issue 36, item 3), exported as
+``sloserve_admission_pace``.
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ OVERHEAD = Histogram(
     buckets=(1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2, 5e-2),
 )
 QUEUE = Gauge("sloserve_queue_length", "Requests on the instance", ["instance", "state"])
+PACE = Gauge("sloserve_admission_pace",
+             "Wall time per iteration / the perf model's prediction (admission's scale)",
+             ["instance"])
 # (state, events, stopped): the tokens go into the message when it is flushed, after the
 # next plan has left, so per-token message building is off the critical path
 Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str]]
@@ -243,6 +251,7 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
     iid = inst.instance_id
     m_iter, m_over = ITERATION.labels(iid), OVERHEAD.labels(iid)
     m_wait, m_run = QUEUE.labels(iid, "waiting"), QUEUE.labels(iid, "running")
+    m_pace = PACE.labels(iid)
     fam = _Families(svc)
     flight: _Sent | None = None  # sent (under overlap applied provisionally), not yet read
     after_idle = True  # the executor is idle: the next plan's wait is not overhead
@@ -268,6 +277,9 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
         m_run.set(len(inst.running))
         fam.landed(predicted, res.duration_s)
         if prev_recv is not None and not sent.after_idle:
+            if not clock.virtual:  # the event clock's batches take no wall time
+                svc.pace.observe(predicted, t_recv - prev_recv)
+                m_pace.set(svc.pace.ratio)
             over = t_recv - prev_recv - res.duration_s
             svc.overhead.append(over)
             m_over.observe(over)

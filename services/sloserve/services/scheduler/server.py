@@ -28,7 +28,7 @@ import grpc
 import numpy as np
 from grpc_health.v1 import health, health_pb2
 
-from sloserve.admission import Admission
+from sloserve.admission import Admission, Pace
 from sloserve.deployment import Deployment
 from sloserve.driver import InstanceDriver
 from sloserve.health import HangDeadline
@@ -68,6 +68,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.overlap = overlap and not clock.virtual
         self.driver = InstanceDriver(instance, overlap=self.overlap)  # the loop's one step
         self.hang = hang or HangDeadline()
+        self.pace = Pace()  # wall time per iteration / predicted: admission's scale
         self.health: health.aio.HealthServicer | None = None  # set once serving
         self.clock, self.decision_log = clock, decision_log
         self.specs: dict[str, common_pb2.RequestSpec] = {}  # wire input of each request
@@ -109,7 +110,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             unit = kv.block_size if kv.prefix_caching else None
             req = request_of(spec, hash_unit=unit)
             if fresh and (why := self.driver.refusal(req, now, spec.dispatch_time,
-                                                     self.admission)):
+                                                     self.admission, self.pace.ratio)):
                 raise ValueError(why)
             self.instance.add_request(req, now)
         except ValueError as exc:
