@@ -210,6 +210,10 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
     try:
         ns = parser.parse_args(argv)
     except SpecError as exc:
+        if str(exc).endswith(" required"):
+            wanted = re.findall(r"--([\w-]+)", str(exc))
+            _fail("/".join(w.replace("-", "_") for w in wanted),
+                  "required (set it in options or on an axis)")
         m = re.search(r"argument (--[\w-]+)", str(exc))
         dest = next((d for d, a in actions.items() if m and m.group(1) in a.option_strings),
                     None)
