@@ -210,7 +210,7 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
     try:
         ns = parser.parse_args(argv)
     except SpecError as exc:
-        if str(exc).endswith(" required"):
+        if " required" in str(exc) and not str(exc).startswith("argument "):
             wanted = re.findall(r"--([\w-]+)", str(exc))
             _fail("/".join(w.replace("-", "_") for w in wanted),
                   "required (set it in options or on an axis)")
