@@ -175,7 +175,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         results.parent.mkdir(parents=True, exist_ok=True)
         t0 = bar.t0 = time.monotonic()
         pending = {task.remote(c.kind, list(c.argv), c.rel_tol): c for c in todo}
-        cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = _cpus(ray, 1)
         with results.open("a") as table:
             while pending:
                 bar.show(len(stats.computed), min(len(pending), cpus),
@@ -198,13 +198,19 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
                     table.flush()
                     os.fsync(table.fileno())
                 if ready:
-                    cpus = max(1, int(ray.cluster_resources().get("CPU", cpus)))
+                    cpus = _cpus(ray, cpus)
         stats.wall_s = round(time.monotonic() - t0, 3)
         bar.show(len(stats.computed), 0, 0, len(stats.failed), final=True)
     finally:
         if started:
             ray.shutdown()
     return stats
+
+
+def _cpus(ray: Any, default: int) -> int:
+    """The cluster's CPUs now (nodes join and leave): at most this many cells run."""
+    resources: dict[str, float] = ray.cluster_resources()
+    return max(1, int(resources.get("CPU", default)))
 
 
 def _row(spec: Spec, cell: Cell) -> dict[str, Any]:

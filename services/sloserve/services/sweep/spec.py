@@ -286,19 +286,19 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
     for axis, items in axes_doc.items():
         resolved: list[tuple[dict[str, Any], str, str]] = []
         for i, item in enumerate(_list(items, f"axes.{axis}")):
-            where = f"axes.{axis}[{i}]"
+            at = f"axes.{axis}[{i}]"
             if isinstance(item, Mapping):
-                body = {k: v for k, v in _mapping(item, where).items() if k != "label"}
+                body = {k: v for k, v in _mapping(item, at).items() if k != "label"}
                 if not body:
-                    _fail(where, "sets no option")
+                    _fail(at, "sets no option")
             else:
                 if axis not in known:
-                    _fail(where, f"a bare value needs an axis named after an option; "
-                                 f"{axis!r} is not one (use a mapping such as {{tbt_slo: 0.1}})")
+                    _fail(at, f"a bare value needs an axis named after an option; "
+                              f"{axis!r} is not one (use a mapping such as {{tbt_slo: 0.1}})")
                 body = {axis: item}
             for k, v in body.items():
-                _option(k, v, f"{where}.{k}", known)
-            resolved.append((dict(body), where, _label(item, axis)))
+                _option(k, v, f"{at}.{k}", known)
+            resolved.append((dict(body), at, _label(item, axis)))
         axes.append((axis, resolved))
     measures = list(_measures(_mapping(top["measure"], "measure")))
 
