@@ -166,7 +166,12 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         kw: dict[str, Any] = {"runtime_env": env, "log_to_driver": False,
                               "logging_level": "WARNING"}
         if address:
-            ray.init(address=address, **kw)
+            try:
+                ray.init(address=address, **kw)
+            except ConnectionError as exc:
+                raise ValueError(f"--ray-address: cannot join the Ray cluster at {address} "
+                                 f"({exc}); on a cluster with token authentication the "
+                                 "token must be this machine's too") from None
         else:
             ray.init(address="local", num_cpus=workers, include_dashboard=False, **kw)
         started = True
