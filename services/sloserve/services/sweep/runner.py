@@ -37,7 +37,7 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
     from sloserve.sim.simulator import simulate
 
     ns = _parsers()[kind].parse_args(argv)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     cfg = config_from_args(ns, getattr(ns, "qps", 1.0))
     out: dict[str, Any]
     if kind == "simulate":
@@ -45,7 +45,7 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
     else:
         out = find_capacity(cfg, ns.criterion, ns.target, qps_start=ns.qps_start,
                             rel_tol=rel_tol)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     try:
         import ray
 
@@ -53,7 +53,7 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
     except Exception:  # not in a Ray worker (a direct call)
         node_id = None
     return {"result": _clean(out), "node_id": node_id, "host": socket.gethostname(),
-            "pid": os.getpid(), "wall_s": round(wall, 4)}
+            "pid": os.getpid(), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
 
 
 def read_table(path: Path) -> list[dict[str, Any]]:
