@@ -128,3 +128,33 @@ def test_checked_in_capacity_sweep_has_the_issues_sixteen_cells() -> None:
     assert {c.kind for c in spec.cells} == {"capacity"}
     assert len({c.labels["policy"] for c in spec.cells}) == 4
     assert {c.config["num_requests"] for c in spec.cells} == {400}
+
+
+def test_dry_run_lists_every_cell_and_what_the_table_already_has(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = tmp_path / "s.yaml"
+    spec.write_text("options: {trace: sharegpt, num_requests: 20}\n"
+                    "axes: {policy: [vllm, sarathi]}\nmeasure: {rates: [1.0]}\n")
+    cells = load_spec(spec).cells
+    table = tmp_path / "s.results.jsonl"  # the default table beside the spec
+    table.write_text(f'{{"cell": "{cells[1].hash}", "result": {{}}}}\n')
+    assert main(["sweep", str(spec), "--dry-run"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == [f"{cells[0].hash}  todo  {cells[0].command()}",
+                     f"{cells[1].hash}  done  {cells[1].command()}"]
+
+
+@pytest.mark.parametrize(("argv", "key"), [
+    (["sweep", "report", "t.jsonl"], "--out: required"),
+    (["sweep", "report", "--out", "d"], "report: give the RESULTS"),
+    (["sweep", "report", "missing.jsonl", "--out", "d"], "RESULTS: no such file"),
+    (["sweep", "s.yaml", "t.jsonl"], "RESULTS: only `report`"),
+    (["sweep", "missing.yaml"], "missing.yaml: cannot read"),
+])
+def test_bad_sweep_command_line_exits_2_naming_the_argument(
+        argv: list[str], key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert key in capsys.readouterr().err
+    assert not (tmp_path / "d").exists()
