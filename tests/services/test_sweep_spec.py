@@ -41,6 +41,27 @@ def test_cross_product_gives_one_cell_per_point_and_measurement() -> None:
     assert one.config["gpu"] == "a100"  # resolved: the command's defaults filled in
 
 
+def test_an_axis_item_may_bring_its_own_rates_or_capacity_search() -> None:
+    doc = _spec(axes={"policy": ["vllm", "sarathi"],
+                      "workload": [{"trace": "sharegpt", "measure": {"rates": [1.0, 2.0]}},
+                                   {"trace": "arxiv"}]},
+                measure={"capacity": {"criteria": "tail", "qps_start": 0.5}})
+    cells = parse_spec(doc).cells
+    got = sorted((c.labels["workload"], c.labels["measure"]) for c in cells
+                 if c.labels["policy"] == "vllm")
+    assert got == [("trace=arxiv", "capacity tail"), ("trace=sharegpt", "1 req/s"),
+                   ("trace=sharegpt", "2 req/s")]
+    assert {c.config["qps_start"] for c in cells if c.kind == "capacity"} == {0.5}
+    no_top = {**doc, "measure": None}
+    del no_top["measure"]
+    with pytest.raises(SpecError, match=r"^measure: missing"):
+        parse_spec(no_top)  # arxiv has no measurement then
+    twice = _spec(axes={"policy": [{"policy": "vllm", "measure": {"rates": [1.0]}}],
+                        "w": [{"trace": "arxiv", "measure": {"rates": [2.0]}}]})
+    with pytest.raises(SpecError, match=r"^axes\.w\[0\]\.measure: also set by axes\.policy"):
+        parse_spec(twice)
+
+
 def test_cell_hash_is_the_resolved_config_not_its_spelling() -> None:
     a = parse_spec(_spec()).cells
     # the same configs spelled otherwise: defaults written out, an option moved between

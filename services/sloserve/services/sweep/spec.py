@@ -130,7 +130,8 @@ def _label(item: Any, axis: str) -> str:
         return str(item)
     if "label" in item:
         return str(item["label"])
-    own = [f"{v}" if k == axis or k == "policy" else f"{k}={v}" for k, v in item.items()]
+    own = [f"{v}" if k == axis or k == "policy" else f"{k}={v}" for k, v in item.items()
+           if k != "measure"]
     return " ".join(own)
 
 
@@ -234,34 +235,39 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
     return tuple(argv), config, cell_hash(kind, hashed, rel_tol)
 
 
-def _measures(measure: Mapping[str, Any]) -> Iterator[tuple[str, dict[str, Any], str, float]]:
+Measure = tuple[str, dict[str, Any], str, float]
+# an axis item: its options, where it is, its label, its own measurements (None: the top's)
+Item = tuple[dict[str, Any], str, str, "list[Measure] | None"]
+
+
+def _measures(measure: Mapping[str, Any], at: str = "measure") -> Iterator[Measure]:
     """(kind, options the measure sets, label, rel_tol) for each measurement of a point."""
     if not any(k in measure for k in MEASURE_KEYS):
-        _fail("measure", f"give rates and/or capacity (keys: {', '.join(MEASURE_KEYS)})")
+        _fail(at, f"give rates and/or capacity (keys: {', '.join(MEASURE_KEYS)})")
     for k in measure:
         if k not in MEASURE_KEYS:
-            _fail(f"measure.{k}", f"unknown key (known: {', '.join(MEASURE_KEYS)})")
+            _fail(f"{at}.{k}", f"unknown key (known: {', '.join(MEASURE_KEYS)})")
     if "rates" in measure:
-        for i, r in enumerate(_list(measure["rates"], "measure.rates")):
-            q = _number(r, f"measure.rates[{i}]", 0.0)
+        for i, r in enumerate(_list(measure["rates"], f"{at}.rates")):
+            q = _number(r, f"{at}.rates[{i}]", 0.0)
             yield "simulate", {"qps": q}, f"{q:g} req/s", REL_TOL
     if "capacity" in measure:
-        cap = _mapping(measure["capacity"], "measure.capacity")
+        cap = _mapping(measure["capacity"], f"{at}.capacity")
         for k in cap:
             if k not in CAPACITY_KEYS:
-                _fail(f"measure.capacity.{k}", f"unknown key (known: {', '.join(CAPACITY_KEYS)})")
+                _fail(f"{at}.capacity.{k}", f"unknown key (known: {', '.join(CAPACITY_KEYS)})")
         crit = cap.get("criteria", ["goodput"])
-        crits = [crit] if isinstance(crit, str) else _list(crit, "measure.capacity.criteria")
+        crits = [crit] if isinstance(crit, str) else _list(crit, f"{at}.capacity.criteria")
         opts: dict[str, Any] = {}
         if "target" in cap:
-            opts["target"] = _number(cap["target"], "measure.capacity.target", 0.0, 1.0)
+            opts["target"] = _number(cap["target"], f"{at}.capacity.target", 0.0, 1.0)
         if "qps_start" in cap:
-            opts["qps_start"] = _number(cap["qps_start"], "measure.capacity.qps_start", 0.0)
-        rel_tol = (_number(cap["rel_tol"], "measure.capacity.rel_tol", 0.0, 1.0, lo_open=True)
+            opts["qps_start"] = _number(cap["qps_start"], f"{at}.capacity.qps_start", 0.0)
+        rel_tol = (_number(cap["rel_tol"], f"{at}.capacity.rel_tol", 0.0, 1.0)
                    if "rel_tol" in cap else REL_TOL)
         for i, c in enumerate(crits):
             if c not in CRITERIA:
-                _fail(f"measure.capacity.criteria[{i}]",
+                _fail(f"{at}.capacity.criteria[{i}]",
                       f"must be one of {', '.join(CRITERIA)}, got {c!r}")
             yield "capacity", {"criterion": c, **opts}, f"capacity {c}", rel_tol
 
@@ -275,21 +281,24 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
     for k in top:
         if k not in TOP_KEYS:
             _fail(k, f"unknown key (known: {', '.join(TOP_KEYS)})")
-    if "measure" not in top:
-        _fail("measure", "missing (what each cell runs: rates and/or capacity)")
     spec_name = str(top.get("name", name))
     fixed = _mapping(top.get("options", {}), "options")
     for k, v in fixed.items():
         _option(k, v, f"options.{k}", known)
     axes_doc = _mapping(top.get("axes", {}), "axes")
-    axes: list[tuple[str, list[tuple[dict[str, Any], str, str]]]] = []
+    axes: list[tuple[str, list[Item]]] = []
     for axis, items in axes_doc.items():
-        resolved: list[tuple[dict[str, Any], str, str]] = []
+        resolved: list[Item] = []
         for i, item in enumerate(_list(items, f"axes.{axis}")):
             at = f"axes.{axis}[{i}]"
+            own: list[Measure] | None = None
             if isinstance(item, Mapping):
-                body = {k: v for k, v in _mapping(item, at).items() if k != "label"}
-                if not body:
+                body = {k: v for k, v in _mapping(item, at).items()
+                        if k not in ("label", "measure")}
+                if "measure" in item:  # this item's own rates / capacity search
+                    own = list(_measures(_mapping(item["measure"], f"{at}.measure"),
+                                         f"{at}.measure"))
+                if not body and own is None:
                     _fail(at, "sets no option")
             else:
                 if axis not in known:
@@ -298,9 +307,10 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
                 body = {axis: item}
             for k, v in body.items():
                 _option(k, v, f"{at}.{k}", known)
-            resolved.append((dict(body), at, _label(item, axis)))
+            resolved.append((dict(body), at, _label(item, axis), own))
         axes.append((axis, resolved))
-    measures = list(_measures(_mapping(top["measure"], "measure")))
+    measures = (list(_measures(_mapping(top["measure"], "measure")))
+                if "measure" in top else None)
 
     cells: list[Cell] = []
     seen: dict[str, str] = {}
@@ -308,7 +318,12 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
         values: dict[str, Any] = dict(fixed)
         where = {k: f"options.{k}" for k in fixed}
         labels: dict[str, str] = {}
-        for (axis, _), (body, at, label) in zip(axes, point):
+        point_measures, measured_by = measures, "measure"
+        for (axis, _), (body, at, label, own) in zip(axes, point):
+            if own is not None:
+                if measured_by != "measure":
+                    _fail(f"{at}.measure", f"also set by {measured_by} (one per cell)")
+                point_measures, measured_by = own, f"{at}.measure"
             for k, v in body.items():
                 if k in where and not where[k].startswith("options."):
                     _fail(f"{at}.{k}", f"also set by {where[k]} (one axis per option)")
@@ -318,7 +333,10 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
             v = values.get(name_)
             if isinstance(v, str) and base is not None and not Path(v).is_absolute():
                 values[name_] = str((base / v).resolve())
-        for kind, mopts, mlabel, rel_tol in measures:
+        if point_measures is None:
+            _fail("measure", "missing (what each cell runs: rates and/or capacity, at the top "
+                             "or on an axis item)")
+        for kind, mopts, mlabel, rel_tol in point_measures:
             if kind == "capacity" and values.get("noise_draws") not in (None, 1):
                 _fail(where["noise_draws"], "only fixed-rate cells draw noise several times")
             vals = {k: v for k, v in values.items()
