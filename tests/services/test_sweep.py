@@ -54,7 +54,7 @@ def test_sweep_capacities_equal_the_capacity_command_cell_by_cell(
         ray_session: None, tmp_path: Path) -> None:
     spec = parse_spec(TINY)
     table = tmp_path / "t.jsonl"
-    stats = run_sweep(spec, table, progress=None)
+    stats = run_sweep(spec, table, progress=False)
     assert sorted(stats.computed) == sorted(c.hash for c in spec.cells) and not stats.failed
     rows = {r["cell"]: r for r in read_table(table)}
     assert len(rows) == 4
@@ -74,11 +74,11 @@ def test_sweep_capacities_equal_the_capacity_command_cell_by_cell(
 def test_rerun_after_a_spec_edit_computes_only_the_new_cells(
         ray_session: None, tmp_path: Path) -> None:
     table = tmp_path / "t.jsonl"
-    first = run_sweep(parse_spec(TINY), table, progress=None)
+    first = run_sweep(parse_spec(TINY), table, progress=False)
     before = _lines(table)
     edited = {**TINY, "axes": {**TINY["axes"], "slo": [*TINY["axes"]["slo"], {"tbt_slo": 0.3}]}}
     spec = parse_spec(edited)
-    again = run_sweep(spec, table, progress=None)
+    again = run_sweep(spec, table, progress=False)
     new = {c.hash for c in spec.cells} - set(first.computed)
     assert len(new) == 2 and set(again.computed) == new
     assert sorted(again.skipped) == sorted(first.computed)
@@ -114,7 +114,7 @@ def test_killed_sweep_resumes_computing_only_the_missing_cells(
     assert 2 <= len(kept) < len(spec.cells), "the sweep was not killed half way"
     with table.open("a") as f:  # a kill mid-write: half a row
         f.write('{"cell": "deadbeef", "res')
-    stats = run_sweep(spec, table, progress=None)
+    stats = run_sweep(spec, table, progress=False)
     done = {r["cell"] for r in kept}
     assert sorted(stats.skipped) == sorted(done)
     assert sorted(stats.computed) == sorted(c.hash for c in spec.cells if c.hash not in done)
@@ -146,7 +146,7 @@ def test_report_page_loads_every_plot_in_headless_chromium(
                                "rates": [1.0, 2.0]}}
     spec: Spec = parse_spec(doc)
     table = tmp_path / "t.jsonl"
-    run_sweep(spec, table, progress=None)
+    run_sweep(spec, table, progress=False)
     index = write_report(table, tmp_path / "report")
     plots = json.loads((tmp_path / "report" / "plots.json").read_text())
     # a bar chart per criterion, a goodput-vs-rate chart per SLO

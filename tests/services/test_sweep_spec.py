@@ -171,11 +171,14 @@ def test_dry_run_lists_every_cell_and_what_the_table_already_has(
     (["sweep", "report", "missing.jsonl", "--out", "d"], "RESULTS: no such file"),
     (["sweep", "s.yaml", "t.jsonl"], "RESULTS: only `report`"),
     (["sweep", "missing.yaml"], "missing.yaml: cannot read"),
+    (["sweep", "s.yaml", "--ray-address", "127.0.0.1:1"], "--ray-address: nothing answers"),
 ])
 def test_bad_sweep_command_line_exits_2_naming_the_argument(
         argv: list[str], key: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.yaml").write_text("options: {trace: sharegpt, policy: vllm}\n"
+                                     "measure: {rates: [1.0]}\n")
     assert main(argv) == 2
     assert key in capsys.readouterr().err
-    assert not (tmp_path / "d").exists()
+    assert not (tmp_path / "d").exists() and not (tmp_path / "s.results.jsonl").exists()

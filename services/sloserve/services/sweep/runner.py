@@ -140,10 +140,11 @@ class _Progress:
 
 
 def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | None = None,
-              max_retries: int = MAX_RETRIES, progress: TextIO | None = sys.stderr) -> SweepStats:
+              max_retries: int = MAX_RETRIES, progress: TextIO | bool = True) -> SweepStats:
     """Run the cells of ``spec`` missing from ``results`` as Ray tasks, appending a row per
     finished cell. Uses the Ray session this process already has, else joins ``address``,
-    else starts local Ray with ``workers`` CPUs (and stops what it started)."""
+    else starts local Ray with ``workers`` CPUs (and stops what it started). The progress
+    line goes to ``progress`` (True: stderr; False: nowhere)."""
     try:
         import ray
     except ImportError:
@@ -154,7 +155,8 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
     todo = [c for c in spec.cells if c.hash not in done]
     stats = SweepStats(total=len(spec.cells),
                        skipped=[c.hash for c in spec.cells if c.hash in done])
-    bar = _Progress(progress, len(spec.cells), len(stats.skipped))
+    out = sys.stderr if progress is True else (None if progress is False else progress)
+    bar = _Progress(out, len(spec.cells), len(stats.skipped))
     if not todo:
         bar.show(0, 0, 0, 0, final=True)
         return stats
@@ -166,6 +168,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         kw: dict[str, Any] = {"runtime_env": env, "log_to_driver": False,
                               "logging_level": "WARNING"}
         if address:
+            _check_reachable(address)
             try:
                 ray.init(address=address, **kw)
             except ConnectionError as exc:
@@ -210,6 +213,18 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         if started:
             ray.shutdown()
     return stats
+
+
+def _check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` nothing listens on at once (Ray itself retries for minutes)."""
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return  # "auto", ray://…: Ray's own resolution
+    try:
+        socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ValueError(f"--ray-address: nothing answers at {address} ({exc.strerror or exc}); "
+                         "start the cluster with `ray start --head --port PORT`") from None
 
 
 def _cpus(ray: Any, default: int) -> int:
