@@ -157,3 +157,15 @@ def test_report_page_loads_every_plot_in_headless_chromium(
     assert _images_loaded(browser, index, tmp_path / "profile") == "4/4"
     (tmp_path / "report" / plots[0]).unlink()  # what the check sees when a plot is missing
     assert _images_loaded(browser, index, tmp_path / "profile2") == "3/4"
+
+
+def test_reading_a_table_mid_write_leaves_the_file_alone(tmp_path: Path) -> None:
+    """The report (or --dry-run) may read a table a sweep is appending to: the half row is
+    left out and left in place; only the sweep about to append cuts it off."""
+    table = tmp_path / "t.jsonl"
+    body = '{"cell": "a", "result": {}}\n{"cell": "b", "res'
+    table.write_text(body)
+    assert [r["cell"] for r in read_table(table)] == ["a"]
+    assert table.read_text() == body
+    assert [r["cell"] for r in read_table(table, repair=True)] == ["a"]
+    assert table.read_text() == '{"cell": "a", "result": {}}\n'

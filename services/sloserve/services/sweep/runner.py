@@ -56,14 +56,15 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
             "pid": os.getpid(), "wall_s": round(wall, 4), "cpu_s": round(cpu, 4)}
 
 
-def read_table(path: Path) -> list[dict[str, Any]]:
-    """The table's complete rows; a half-written last line (a kill mid-write) is cut off
-    the file, so the next append starts on a fresh line."""
+def read_table(path: Path, repair: bool = False) -> list[dict[str, Any]]:
+    """The table's complete rows. A half-written last line (a kill mid-write, or a sweep
+    writing now) is left out; with ``repair`` (the sweep about to append) it is also cut
+    off the file, so the next row starts on a fresh line."""
     if not path.exists():
         return []
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1
-    if end < len(data):
+    if repair and end < len(data):
         with path.open("r+b") as f:
             f.truncate(end)
     rows = []
@@ -150,7 +151,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
     except ImportError:
         raise ValueError("ray is not installed: pip install 'sloserve[sweep]'") from None
 
-    rows = read_table(results)
+    rows = read_table(results, repair=True)
     done = done_cells(rows)
     todo = [c for c in spec.cells if c.hash not in done]
     stats = SweepStats(total=len(spec.cells),
