@@ -181,7 +181,8 @@ def write_report(results: Path, out: Path) -> Path:
             if key not in r:
                 raise ValueError(f"RESULTS: row {r['cell']} has no {key!r}: not a sweep table")
         last[r["cell"]] = r
-    rows = list(last.values())
+    # in the spec's order (a row's ``index``), not the order cells finished in
+    rows = sorted(last.values(), key=lambda r: (str(r.get("spec", "")), r.get("index", 0)))
     out.mkdir(parents=True, exist_ok=True)
     ok = [r for r in rows if "error" not in r]
     plots = (_capacity_plots([r for r in ok if r["kind"] == "capacity"], out)

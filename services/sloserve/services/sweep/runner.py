@@ -235,5 +235,6 @@ def _cpus(ray: Any, default: int) -> int:
 
 
 def _row(spec: Spec, cell: Cell) -> dict[str, Any]:
-    return {"cell": cell.hash, "spec": spec.name, "kind": cell.kind, "labels": cell.labels,
+    return {"cell": cell.hash, "spec": spec.name, "index": spec.cells.index(cell),
+            "kind": cell.kind, "labels": cell.labels,
             "command": cell.command(), "config": cell.config, "rel_tol": cell.rel_tol}
