@@ -25,6 +25,7 @@ SUBCOMMANDS = {
     "bench": "bench_cmd",
     "model": "model_cmd",
     "soak": "soak_cmd",
+    "sweep": "sweep_cmd",
 }
 
 
