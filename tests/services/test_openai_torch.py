@@ -53,7 +53,7 @@ def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
     assert full.choices[0].message.content == first
     assert full.usage is not None
     n, reason = full.usage.completion_tokens, full.choices[0].finish_reason
-    assert (n == 12) if reason == "length" else (reason == "stop" and 1 <= n < 12)
+    assert (n == 12) if reason == "length" else (reason == "stop" and 1 <= n <= 12)
     assert full.usage.total_tokens == full.usage.prompt_tokens + n
     assert full.usage.prompt_tokens > 20  # the template's system turn is there
     cut = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12,
@@ -64,5 +64,14 @@ def test_openai_client_on_smollm2_greedy_chat_is_identical_twice_and_says_paris(
                                      extra_body={"ignore_eos": True})
     assert long.usage is not None and long.usage.completion_tokens == 40
     assert long.choices[0].finish_reason == "length"
+    # vLLM's check_stop: EOS sampled as the last allowed token is "stop", not "length"
+    natural = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=100,
+                                             temperature=0)
+    assert natural.usage is not None and natural.choices[0].finish_reason == "stop"
+    m = natural.usage.completion_tokens
+    exact = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=m,
+                                           temperature=0)
+    assert exact.usage is not None and exact.usage.completion_tokens == m
+    assert exact.choices[0].finish_reason == "stop", (m, exact.choices[0].message.content)
     bad = httpx.post(stack.http + "/v1/chat/completions", json={"messages": []})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"

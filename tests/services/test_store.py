@@ -43,3 +43,38 @@ def test_without_a_readable_range_it_takes_the_os_pick(tmp_path: Path,
     assert port >= LOW  # the OS's own pick, from its ephemeral range
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+
+
+def test_the_embedded_store_wakes_a_blocked_reader_and_a_subscriber_promptly() -> None:
+    """Issue 35: the embedded store polls its connections every ``EMBEDDED_POLL_S`` (not
+    fakeredis's 10 ms) to idle cheaply; pushed replies still arrive within about that."""
+    import threading
+    import time
+
+    import redis
+
+    emb = store.EmbeddedRedis()
+    try:
+        reader, writer = redis.Redis.from_url(emb.url), redis.Redis.from_url(emb.url)
+        sub = reader.pubsub()  # type: ignore[no-untyped-call]
+        sub.subscribe("c")
+        first = sub.get_message(timeout=2)
+        assert first is not None and first["type"] == "subscribe"
+        got: list[float] = []
+
+        def block() -> None:
+            if reader.xread({"s": "$"}, block=5000):
+                got.append(time.monotonic())
+
+        t = threading.Thread(target=block)
+        t.start()
+        time.sleep(0.3)  # blocked by now
+        sent = time.monotonic()
+        writer.xadd("s", {"k": "v"})
+        t.join(timeout=6)
+        assert got and got[0] - sent < 4 * store.EMBEDDED_POLL_S, got
+        writer.publish("c", "x")
+        msg = sub.get_message(timeout=4 * store.EMBEDDED_POLL_S)
+        assert msg is not None and msg["data"] == b"x", msg
+    finally:
+        emb.close()
