@@ -77,6 +77,15 @@ class Flight:
     events: asyncio.Queue[Event]
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
+    client_id: str = ""  # the id the client knows it by (spec.request_id is scoped)
+
+
+def scoped_id(owner: str, request_id: str) -> str:
+    """A client's request id in its API key's namespace (issue 33, 6): the id the gateway,
+    controller and schedulers know it by, so two keys may use the same id at once and
+    neither can see the other's. ``owner`` is a fixed-length key id (or "" with auth off:
+    one namespace), so the scoped id is unambiguous."""
+    return f"{owner}:{request_id}" if owner else request_id
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -213,10 +222,12 @@ class GatewayService(gateway_grpc.GatewayServicer):
             spec = request_spec(request, ids, self.limits, self.slo_defaults, now)
         except InvalidInput as exc:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if spec.request_id in self.flights:
+        client_id = spec.request_id
+        spec.request_id = scoped_id(owner, client_id)
+        if spec.request_id in self.flights:  # only ever one of the caller's own ids
             raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
-                               f"request_id: {spec.request_id!r} is already in flight")
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner)
+                               f"request_id: {client_id!r} is already in flight")
+        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner, client_id=client_id)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -227,7 +238,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
     async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
         """``f``'s chunks as its tokens arrive; a drop or cancel raises :class:`GatewayError`.
         Closing the iterator early cancels the request everywhere."""
-        spec, rid = f.spec, f.spec.request_id
+        spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
         timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids))
@@ -288,7 +299,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         except GatewayError as exc:
             await _abort(context, exc)
         try:
-            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
+            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.client_id),))
         except BaseException:  # the client is gone before its first token
             self.release(f, cancel=True)
             raise
@@ -332,8 +343,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
     async def Cancel(
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelResponse:
-        f = self.flights.get(request.request_id)
-        if f is not None and f.owner != self._owner(context):
+        owner = self._owner(context)
+        f = self.flights.get(scoped_id(owner, request.request_id))
+        if f is not None and f.owner != owner:
             f = None  # another key's request: as if unknown (no oracle of others' ids)
         if f is not None:
             f.events.put_nowait(None)
