@@ -27,7 +27,9 @@ import grpc
 from sloserve.admission import RETRY_AFTER_S
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
+from sloserve.deployment import Deployment
 from sloserve.request import Request
+from sloserve.routing_prefix import PrefixRouter
 from sloserve.services import auth, deployment_flags, metrics, obs, rpc
 from sloserve.services.convert import request_of
 from sloserve.services.gateway.chat import render
@@ -111,6 +113,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         )
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
+        # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
+        self.prefix_cache: dict[str, tuple[int, int]] = {iid: (0, 0) for iid in statuses}
+        # prefix-aware routing: requests get a prefix identity, one id per KV block, as
+        # the schedulers give them (routing_prefix; None: round-robin)
+        self.hash_unit = first.block_size if controller.prefix_router is not None else None
         self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
@@ -120,6 +127,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.watches = {iid: HealthWatch(iid, addr, self.on_health)
                         for iid, addr in addresses.items()}
         metrics.OFFLOADS.labels(self.model)  # exported from the start, at 0
+        metrics.PREFIX_CACHE.source = lambda: (self.model, self.prefix_cache)
         metrics.RUNNING.labels(self.model).set_function(
             lambda: sum(1 for f in self.flights.values() if f.spec.generated_token_ids))
         metrics.WAITING.labels(self.model).set_function(
@@ -182,6 +190,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             s = out.state
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
+            self.prefix_cache[instance_id] = (s.prefix_query_tokens, s.prefix_hit_tokens)
         self.output_seqs[instance_id] = out.seq  # applied (InstanceInfo.output_seq)
 
     def on_health(self, instance_id: str, serving: bool) -> None:
@@ -227,7 +236,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if spec.request_id in self.flights:  # only ever one of the caller's own ids
             raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
                                f"request_id: {client_id!r} is already in flight")
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner, client_id=client_id)
+        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
+                   client_id=client_id)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -413,13 +423,25 @@ def parse_schedulers(values: list[str]) -> dict[str, str]:
     return out
 
 
+def prefix_router(dep: Deployment,
+                  statuses: dict[str, scheduler_pb2.SchedulerStatus]) -> PrefixRouter | None:
+    """The simulator's prefix router (``sim.simulator``) for ``--prefix-routing``, over the
+    same instances: its units are KV blocks (the live prefix identity is one id per block),
+    its memory each instance's KV capacity (the smallest); None: round-robin."""
+    if not dep.prefix_routing:
+        return None
+    blocks = min(s.executor.kv_capacity_blocks for s in statuses.values())
+    return PrefixRouter(list(statuses), capacity_units=max(1, blocks))
+
+
 async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
-    controller = Controller([(i, s.role) for i, s in statuses.items()])
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
+    controller = Controller([(i, s.role) for i, s in statuses.items()],
+                            prefix_router=prefix_router(dep, statuses))
     defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
     log = open(args.decision_log, "a") if args.decision_log else None
     inputs = InputLimits.from_args(args)
