@@ -15,7 +15,7 @@ import grpc
 import pytest
 import redis
 
-from sloserve.client import Client, Unauthenticated
+from sloserve.client import AlreadyExists, Client, Unauthenticated
 from sloserve.services.auth import load_api_keys
 from sloserve.services.drills.redis_server import ThrowawayRedis
 from sloserve.services.proto import (
@@ -102,6 +102,41 @@ def test_a_request_is_cancelled_only_by_the_key_that_created_it(keyed: Stack) ->
     assert Client(keyed.gateway, api_key=KEY_A).cancel("owned-by-a-2") is True
     t.join(30)
     assert errors and type(errors[0]).__name__ == "Cancelled"
+
+
+def test_two_keys_share_a_request_id_at_once_and_neither_touches_the_other(
+        keyed: Stack) -> None:
+    """Issue 33, 6: a client's request id lives in its key's namespace."""
+    got: dict[str, list[str]] = {KEY_A: [], KEY_B: []}
+    errors: dict[str, Exception] = {}
+    live = {KEY_A: threading.Event(), KEY_B: threading.Event()}
+
+    def stream(key: str, n: int) -> None:
+        try:
+            for c in Client(keyed.gateway, api_key=key).generate(
+                    "hello", max_tokens=n, request_id="shared-id", ignore_eos=True):
+                got[key].append(c.request_id)
+                live[key].set()
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors[key] = exc
+
+    ta = threading.Thread(target=stream, args=(KEY_A, 60))
+    tb = threading.Thread(target=stream, args=(KEY_B, 400))
+    ta.start()
+    assert live[KEY_A].wait(30)
+    tb.start()  # the same id, another key, while A's is live: served, not ALREADY_EXISTS
+    assert live[KEY_B].wait(30)
+    # within one key the id is still unique while live
+    with pytest.raises(AlreadyExists):
+        list(Client(keyed.gateway, api_key=KEY_B).generate(
+            "hello", max_tokens=2, request_id="shared-id"))
+    assert Client(keyed.gateway, api_key=KEY_B).cancel("shared-id") is True  # B's own only
+    tb.join(30)
+    ta.join(60)
+    assert type(errors.get(KEY_B)).__name__ == "Cancelled"
+    assert KEY_A not in errors and got[KEY_A] == ["shared-id"] * 60  # A's untouched, whole
+    assert set(got[KEY_B]) == {"shared-id"}  # each sees its own id, never the scoped one
+    assert Client(keyed.gateway, api_key=KEY_A).cancel("shared-id") is False  # A's is done
 
 
 def test_a_rogue_process_cannot_drive_a_scheduler_executor_or_perf_model(keyed: Stack) -> None:

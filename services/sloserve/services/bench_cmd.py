@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import random
@@ -145,9 +146,24 @@ def prompt_ids(req: Request) -> list[int]:
     """A prompt of exactly ``prompt_len`` byte-level tokens (printable ASCII), drawn from a
     generator seeded by the request id: deterministic, and distinct requests share no
     prefix, so a server with prefix caching (stock vLLM's default) gets no hits that the
-    trace's real prompts would not give it."""
+    trace's real prompts would not give it. A request with a prefix identity (``hash_ids``,
+    the multi-turn workload's) gets one block of ``PREFIX_UNIT`` tokens per id instead, so
+    requests share exactly the prefixes their ids say (issue 33, item 4)."""
+    if req.hash_ids:
+        ids = [t for h in req.hash_ids for t in _unit_tokens(h)]
+        if len(ids) >= req.prompt_len:
+            return ids[:req.prompt_len]
     rng = random.Random(req.request_id)
     return [rng.randrange(32, 127) for _ in range(req.prompt_len)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _unit_tokens(hash_id: int) -> tuple[int, ...]:
+    """The ``PREFIX_UNIT`` tokens a prefix id names (printable ASCII, seeded by the id)."""
+    from sloserve.kv_prefix import PREFIX_UNIT
+
+    rng = random.Random(hash_id)
+    return tuple(rng.randrange(32, 127) for _ in range(PREFIX_UNIT))
 
 
 async def _one(client: Any, req: Request, t0: float, bar: Any,

@@ -136,6 +136,9 @@ def tokens_to_proto(
 
 
 def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceState:
+    kv = instance.kv
     return scheduler_pb2.InstanceState(
         instance_id=instance.instance_id, num_waiting_prefills=instance.num_waiting_prefills,
-        time=now, declines_ticket=not instance.policy.offers_ticket(instance.view(now)))
+        time=now, declines_ticket=not instance.policy.offers_ticket(instance.view(now)),
+        prefix_query_tokens=getattr(kv, "num_query_tokens", 0),
+        prefix_hit_tokens=getattr(kv, "num_hit_tokens", 0))

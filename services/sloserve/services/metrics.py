@@ -13,7 +13,11 @@ Buckets are vLLM's (``vllm/v1/metrics/loggers.py``).
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from sloserve.controller import DROP_BY_POLICY
 
@@ -45,6 +49,36 @@ GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens", M)
 REQUEST_SUCCESS = Counter("vllm:request_success", "Finished requests", M + ["finished_reason"])
 ITERATION_TOKENS = Histogram("vllm:iteration_tokens_total", "Tokens per engine step (one "
                              "executed batch)", M, buckets=ITERATION_TOKENS_BUCKETS)
+
+
+
+class PrefixCacheCounters(Collector):
+    """vLLM's ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits`` (prompt tokens
+    looked up / found cached), one series per instance (label ``engine``, as vLLM's per
+    engine): the gateway exports what each scheduler's ``InstanceState`` last said
+    (issue 33, item 4). ``source``: model name and {instance: (queries, hits)}."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[str, Mapping[str, tuple[int, int]]]] | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        if self.source is None:
+            return
+        model, counts = self.source()
+        labels = ["model_name", "engine"]
+        queries = CounterMetricFamily("vllm:prefix_cache_queries", "Prefix-cache queries "
+                                      "(prompt tokens looked up)", labels=labels)
+        hits = CounterMetricFamily("vllm:prefix_cache_hits", "Prefix-cache hits (prompt "
+                                   "tokens found cached)", labels=labels)
+        for engine, (q, h) in sorted(counts.items()):
+            queries.add_metric([model, engine], q)
+            hits.add_metric([model, engine], h)
+        yield queries
+        yield hits
+
+
+PREFIX_CACHE = PrefixCacheCounters()
+REGISTRY.register(PREFIX_CACHE)
 
 # --- sloserve's own ------------------------------------------------------------------------
 SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO outcome "

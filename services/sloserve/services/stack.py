@@ -116,9 +116,6 @@ class StackConfig(Deployment):
         self.check()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
-        if self.prefix_routing:
-            raise ValueError("prefix_routing (--prefix-routing): the live controller routes "
-                             "round-robin (prefix-aware routing live is issue 33, item 4)")
 
     def resolved(self) -> Deployment:
         """The Deployment every service is handed: the policy's SLO-dependent defaults

@@ -35,10 +35,10 @@ from sloserve.tenancy import KeyLimits
 
 UNHEALTHY_S = 10.0
 UNHEALTHY_REAL_S = 60.0
-# the Deployment's flags here (prefix routing is not live yet; tensor parallelism is simulated)
+# the Deployment's flags here (tensor parallelism is simulated)
 UP_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "num_blocks",
-             "prefix_caching", "overlap", "refit_interval", "ttft_slo", "tbt_slo", "seed",
-             "noise_cv")
+             "prefix_caching", "prefix_routing", "overlap", "refit_interval", "ttft_slo",
+             "tbt_slo", "seed", "noise_cv")
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)

@@ -144,11 +144,18 @@ class InstanceState(_message.Message):
     NUM_WAITING_PREFILLS_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     DECLINES_TICKET_FIELD_NUMBER: _builtins.int
+    PREFIX_QUERY_TOKENS_FIELD_NUMBER: _builtins.int
+    PREFIX_HIT_TOKENS_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     num_waiting_prefills: _builtins.int
     time: _builtins.float
     declines_ticket: _builtins.bool
     """an Ascendra HP whose KV beyond expected decodes is under 10% invites no ticket (§6.1, §8.5)"""
+    prefix_query_tokens: _builtins.int
+    """prefix caching, since the scheduler started: prompt tokens looked up and found cached
+    (vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits; issue 33, item 4)
+    """
+    prefix_hit_tokens: _builtins.int
     def __init__(
         self,
         *,
@@ -156,10 +163,12 @@ class InstanceState(_message.Message):
         num_waiting_prefills: _builtins.int = ...,
         time: _builtins.float = ...,
         declines_ticket: _builtins.bool = ...,
+        prefix_query_tokens: _builtins.int = ...,
+        prefix_hit_tokens: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declines_ticket", b"declines_ticket", "instance_id", b"instance_id", "num_waiting_prefills", b"num_waiting_prefills", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declines_ticket", b"declines_ticket", "instance_id", b"instance_id", "num_waiting_prefills", b"num_waiting_prefills", "prefix_hit_tokens", b"prefix_hit_tokens", "prefix_query_tokens", b"prefix_query_tokens", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -476,8 +476,8 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         stream = body.get("stream") is True
         opts = body.get("stream_options") or {}
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
-        shapes = Shapes(chat, f.spec.request_id, svc.model)
-        headers = {"x-request-id": f.spec.request_id}
+        shapes = Shapes(chat, f.client_id, svc.model)
+        headers = {"x-request-id": f.client_id}
         chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
 
         async def answer() -> Response:

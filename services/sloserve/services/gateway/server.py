@@ -28,7 +28,9 @@ import grpc
 from sloserve.admission import RETRY_AFTER_S
 from sloserve.controller import Action, Controller, Dispatch, Drop
 from sloserve.decisions import action_record
+from sloserve.deployment import Deployment
 from sloserve.request import Request
+from sloserve.routing_prefix import PrefixRouter
 from sloserve.services import auth, deployment_flags, metrics, obs, rpc
 from sloserve.services.argtypes import number
 from sloserve.services.convert import request_of
@@ -93,6 +95,15 @@ class Flight:
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
     tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
+    client_id: str = ""  # the id the client knows it by (spec.request_id is scoped)
+
+
+def scoped_id(owner: str, request_id: str) -> str:
+    """A client's request id in its API key's namespace (issue 33, 6): the id the gateway,
+    controller and schedulers know it by, so two keys may use the same id at once and
+    neither can see the other's. ``owner`` is a fixed-length key id (or "" with auth off:
+    one namespace), so the scoped id is unambiguous."""
+    return f"{owner}:{request_id}" if owner else request_id
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -118,6 +129,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         )
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
+        # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
+        self.prefix_cache: dict[str, tuple[int, int]] = {iid: (0, 0) for iid in statuses}
+        # prefix-aware routing: requests get a prefix identity, one id per KV block, as
+        # the schedulers give them (routing_prefix; None: round-robin)
+        self.hash_unit = first.block_size if controller.prefix_router is not None else None
         self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
@@ -128,6 +144,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.watches = {iid: HealthWatch(iid, addr, self.on_health)
                         for iid, addr in addresses.items()}
         metrics.OFFLOADS.labels(self.model)  # exported from the start, at 0
+        metrics.PREFIX_CACHE.source = lambda: (self.model, self.prefix_cache)
         metrics.RUNNING.labels(self.model).set_function(
             lambda: sum(1 for f in self.flights.values() if f.spec.generated_token_ids))
         metrics.WAITING.labels(self.model).set_function(
@@ -190,6 +207,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             s = out.state
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
+            self.prefix_cache[instance_id] = (s.prefix_query_tokens, s.prefix_hit_tokens)
         self.output_seqs[instance_id] = out.seq  # applied (InstanceInfo.output_seq)
 
     def on_health(self, instance_id: str, serving: bool) -> None:
@@ -230,9 +248,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
             spec = request_spec(request, ids, self.limits, self.slo_defaults, now)
         except InvalidInput as exc:
             raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
-        if spec.request_id in self.flights:
+        client_id = spec.request_id
+        spec.request_id = scoped_id(owner, client_id)
+        if spec.request_id in self.flights:  # only ever one of the caller's own ids
             raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
-                               f"request_id: {spec.request_id!r} is already in flight")
+                               f"request_id: {client_id!r} is already in flight")
         tenant = None
         if self.tenants is not None:  # the key's own share first (issue 36, item 7)
             refused = self.tenants.acquire(
@@ -240,10 +260,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if refused is not None:
                 metrics.DROPS.labels(self.model, "per_key_limit").inc()
                 raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                   f"request {spec.request_id}: {refused.reason}",
+                                   f"request {client_id}: {refused.reason}",
                                    refused.retry_after_s)
             tenant = owner
-        f = Flight(spec, request_of(spec), asyncio.Queue(), owner=owner, tenant=tenant)
+        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
+                   client_id=client_id, tenant=tenant)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
         if isinstance(action, Dispatch):
@@ -254,7 +275,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
     async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
         """``f``'s chunks as its tokens arrive; a drop or cancel raises :class:`GatewayError`.
         Closing the iterator early cancels the request everywhere."""
-        spec, rid = f.spec, f.spec.request_id
+        spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
         timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids))
@@ -318,7 +339,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         except GatewayError as exc:
             await _abort(context, exc)
         try:
-            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.spec.request_id),))
+            await context.send_initial_metadata(((REQUEST_ID_METADATA, f.client_id),))
         except BaseException:  # the client is gone before its first token
             self.release(f, cancel=True)
             raise
@@ -362,8 +383,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
     async def Cancel(
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelResponse:
-        f = self.flights.get(request.request_id)
-        if f is not None and f.owner != self._owner(context):
+        owner = self._owner(context)
+        f = self.flights.get(scoped_id(owner, request.request_id))
+        if f is not None and f.owner != owner:
             f = None  # another key's request: as if unknown (no oracle of others' ids)
         if f is not None:
             f.events.put_nowait(None)
@@ -429,14 +451,26 @@ def parse_schedulers(values: list[str]) -> dict[str, str]:
     return out
 
 
+def prefix_router(dep: Deployment,
+                  statuses: dict[str, scheduler_pb2.SchedulerStatus]) -> PrefixRouter | None:
+    """The simulator's prefix router (``sim.simulator``) for ``--prefix-routing``, over the
+    same instances: its units are KV blocks (the live prefix identity is one id per block),
+    its memory each instance's KV capacity (the smallest); None: round-robin."""
+    if not dep.prefix_routing:
+        return None
+    blocks = min(s.executor.kv_capacity_blocks for s in statuses.values())
+    return PrefixRouter(list(statuses), capacity_units=max(1, blocks))
+
+
 async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
-    controller = Controller([(i, s.role) for i, s in statuses.items()])
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
+    controller = Controller([(i, s.role) for i, s in statuses.items()],
+                            prefix_router=prefix_router(dep, statuses))
     defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
     log = open(args.decision_log, "a") if args.decision_log else None
     inputs = InputLimits.from_args(args)

@@ -285,71 +285,93 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
     fixed = _mapping(top.get("options", {}), "options")
     for k, v in fixed.items():
         _option(k, v, f"options.{k}", known)
-    axes_doc = _mapping(top.get("axes", {}), "axes")
-    axes: list[tuple[str, list[Item]]] = []
-    for axis, items in axes_doc.items():
-        resolved: list[Item] = []
-        for i, item in enumerate(_list(items, f"axes.{axis}")):
-            at = f"axes.{axis}[{i}]"
-            own: list[Measure] | None = None
-            if isinstance(item, Mapping):
-                body = {k: v for k, v in _mapping(item, at).items()
-                        if k not in ("label", "measure")}
-                if "measure" in item:  # this item's own rates / capacity search
-                    own = list(_measures(_mapping(item["measure"], f"{at}.measure"),
-                                         f"{at}.measure"))
-                if not body and own is None:
-                    _fail(at, "sets no option")
-            else:
-                if axis not in known:
-                    _fail(at, f"a bare value needs an axis named after an option; "
-                              f"{axis!r} is not one (use a mapping such as {{tbt_slo: 0.1}})")
-                body = {axis: item}
-            for k, v in body.items():
-                _option(k, v, f"{at}.{k}", known)
-            resolved.append((dict(body), at, _label(item, axis), own))
-        axes.append((axis, resolved))
+    axes = [(axis, [_axis_item(axis, i, item, known)
+                    for i, item in enumerate(_list(items, f"axes.{axis}"))])
+            for axis, items in _mapping(top.get("axes", {}), "axes").items()]
     measures = (list(_measures(_mapping(top["measure"], "measure")))
                 if "measure" in top else None)
-
     cells: list[Cell] = []
     seen: dict[str, str] = {}
     for point in itertools.product(*(items for _, items in axes)):
-        values: dict[str, Any] = dict(fixed)
-        where = {k: f"options.{k}" for k in fixed}
-        labels: dict[str, str] = {}
-        point_measures, measured_by = measures, "measure"
-        for (axis, _), (body, at, label, own) in zip(axes, point):
-            if own is not None:
-                if measured_by != "measure":
-                    _fail(f"{at}.measure", f"also set by {measured_by} (one per cell)")
-                point_measures, measured_by = own, f"{at}.measure"
-            for k, v in body.items():
-                if k in where and not where[k].startswith("options."):
-                    _fail(f"{at}.{k}", f"also set by {where[k]} (one axis per option)")
-                values[k], where[k] = v, f"{at}.{k}"
-            labels[axis] = label
-        for name_ in FILE_OPTIONS:
-            v = values.get(name_)
-            if isinstance(v, str) and base is not None and not Path(v).is_absolute():
-                values[name_] = str((base / v).resolve())
-        if point_measures is None:
-            _fail("measure", "missing (what each cell runs: rates and/or capacity, at the top "
-                             "or on an axis item)")
-        for kind, mopts, mlabel, rel_tol in point_measures:
-            if kind == "capacity" and values.get("noise_draws") not in (None, 1):
-                _fail(where["noise_draws"], "only fixed-rate cells draw noise several times")
-            vals = {k: v for k, v in values.items()
-                    if not (kind == "capacity" and k == "noise_draws")}
-            argv, config, h = _resolve(kind, vals, where, mopts, parsers[kind], rel_tol)
-            here = ", ".join(f"{a}={lab}" for a, lab in labels.items()) + f", {mlabel}"
-            if h in seen:
-                _fail("axes", f"two cells resolve to the same config: {seen[h]} and {here}")
-            seen[h] = here
-            cells.append(Cell(kind=kind, argv=argv, config=config,
-                              labels={**labels, "measure": mlabel}, hash=h, rel_tol=rel_tol,
-                              where=where))
+        cells += _point_cells(_point(fixed, axes, point, measures, base), parsers, seen)
     return Spec(name=spec_name, cells=tuple(cells))
+
+
+def _axis_item(axis: str, i: int, item: Any, known: dict[str, Any]) -> Item:
+    """One item of an axis: its options, where it is, its label, its own measures."""
+    at = f"axes.{axis}[{i}]"
+    own: list[Measure] | None = None
+    if isinstance(item, Mapping):
+        body = {k: v for k, v in _mapping(item, at).items() if k not in ("label", "measure")}
+        if "measure" in item:  # this item's own rates / capacity search
+            own = list(_measures(_mapping(item["measure"], f"{at}.measure"), f"{at}.measure"))
+        if not body and own is None:
+            _fail(at, "sets no option")
+    else:
+        if axis not in known:
+            _fail(at, f"a bare value needs an axis named after an option; "
+                      f"{axis!r} is not one (use a mapping such as {{tbt_slo: 0.1}})")
+        body = {axis: item}
+    for k, v in body.items():
+        _option(k, v, f"{at}.{k}", known)
+    return (dict(body), at, _label(item, axis), own)
+
+
+@dataclass(frozen=True)
+class _Point:
+    """One point of the axes' cross product: its options, where each was set, its labels
+    and what it measures."""
+
+    values: dict[str, Any]
+    where: dict[str, str]
+    labels: dict[str, str]
+    measures: list[Measure]
+
+
+def _point(fixed: dict[str, Any], axes: list[tuple[str, list[Item]]], point: tuple[Item, ...],
+           measures: list[Measure] | None, base: Path | None) -> _Point:
+    values: dict[str, Any] = dict(fixed)
+    where = {k: f"options.{k}" for k in fixed}
+    labels: dict[str, str] = {}
+    point_measures, measured_by = measures, "measure"
+    for (axis, _), (body, at, label, own) in zip(axes, point):
+        if own is not None:
+            if measured_by != "measure":
+                _fail(f"{at}.measure", f"also set by {measured_by} (one per cell)")
+            point_measures, measured_by = own, f"{at}.measure"
+        for k, v in body.items():
+            if k in where and not where[k].startswith("options."):
+                _fail(f"{at}.{k}", f"also set by {where[k]} (one axis per option)")
+            values[k], where[k] = v, f"{at}.{k}"
+        labels[axis] = label
+    for name_ in FILE_OPTIONS:
+        v = values.get(name_)
+        if isinstance(v, str) and base is not None and not Path(v).is_absolute():
+            values[name_] = str((base / v).resolve())
+    if point_measures is None:
+        _fail("measure", "missing (what each cell runs: rates and/or capacity, at the top "
+                         "or on an axis item)")
+    return _Point(values, where, labels, point_measures)
+
+
+def _point_cells(pt: _Point, parsers: dict[str, Any], seen: dict[str, str]) -> list[Cell]:
+    """The cells one point runs, one per measure; ``seen`` (hash -> where) refuses a cell
+    that resolves to the config of another."""
+    cells = []
+    for kind, mopts, mlabel, rel_tol in pt.measures:
+        if kind == "capacity" and pt.values.get("noise_draws") not in (None, 1):
+            _fail(pt.where["noise_draws"], "only fixed-rate cells draw noise several times")
+        vals = {k: v for k, v in pt.values.items()
+                if not (kind == "capacity" and k == "noise_draws")}
+        argv, config, h = _resolve(kind, vals, pt.where, mopts, parsers[kind], rel_tol)
+        here = ", ".join(f"{a}={lab}" for a, lab in pt.labels.items()) + f", {mlabel}"
+        if h in seen:
+            _fail("axes", f"two cells resolve to the same config: {seen[h]} and {here}")
+        seen[h] = here
+        cells.append(Cell(kind=kind, argv=argv, config=config,
+                          labels={**pt.labels, "measure": mlabel}, hash=h, rel_tol=rel_tol,
+                          where=pt.where))
+    return cells
 
 
 def load_spec(path: str | Path) -> Spec:
