@@ -17,6 +17,7 @@ Every problem is found before anything runs and raised as ``SpecError`` naming t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import itertools
@@ -220,13 +221,18 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
                     None)
         _fail(where.get(dest, "measure") if dest else "spec", str(exc))
     try:
-        config_from_args(ns, getattr(ns, "qps", 1.0))
+        resolved = config_from_args(ns, getattr(ns, "qps", 1.0))
     except ValueError as exc:
         msg = str(exc)
         key = msg.split(":", 1)[0].strip().lstrip("-").replace("-", "_").split(" ")[0]
         _fail(where.get(key, "spec " + " ".join(f"{k}={v}" for k, v in values.items())), msg)
-    config = {k: v for k, v in sorted(vars(ns).items())
-              if v is not None and k not in ("json", "command")}
+    given = {k: v for k, v in vars(ns).items() if v is not None and k not in ("json", "command")}
+    # the Deployment's defaults filled in (its flags parse to None until resolved), so a
+    # cell's hash names what runs, not how it was written
+    filled = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)
+              if f.name not in given and not (kind == "capacity" and f.name == "qps")
+              and isinstance(getattr(resolved, f.name), str | int | float)}
+    config = dict(sorted({**filled, **given}.items()))
     _check_trace(config, where)
     hashed = dict(config)
     for name in FILE_OPTIONS:
@@ -328,7 +334,7 @@ class _Point:
     measures: list[Measure]
 
 
-def _point(fixed: dict[str, Any], axes: list[tuple[str, list[Item]]], point: tuple[Item, ...],
+def _point(fixed: Mapping[str, Any], axes: list[tuple[str, list[Item]]], point: tuple[Item, ...],
            measures: list[Measure] | None, base: Path | None) -> _Point:
     values: dict[str, Any] = dict(fixed)
     where = {k: f"options.{k}" for k in fixed}
