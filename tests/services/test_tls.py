@@ -259,3 +259,28 @@ def test_bad_tls_flags_are_one_error_naming_the_flag(tmp_path: Path, pki: Path) 
     with pytest.raises(ValueError, match="--tls-ca: required with --tls-cert"):
         StackConfig(tls_cert=str(pub / "gateway.pem"),
                     tls_key=str(pub / "gateway-key.pem")).validate()
+
+
+def test_each_service_gets_its_own_certificate_else_its_kinds(pki: Path, tmp_path: Path) -> None:
+    internal = pki / "internal"
+    d = tmp_path / "internal"
+    d.mkdir()
+    for f in internal.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    ca = trustme.CA()  # its own certificate for one scheduler (any CA: files only here)
+    _issue(ca, d, "scheduler-lp0")
+    stack = Stack(StackConfig(instances=2, redis_url="redis://127.0.0.1:1/0",
+                              tls_internal_dir=str(d)))
+    stack.plan()
+    own, kind = stack.internal_tls("scheduler-lp0"), stack.internal_tls("scheduler-lp1")
+    assert own is not None and own.cert == str(d / "scheduler-lp0.pem")
+    assert kind is not None and kind.cert == str(d / "scheduler.pem")
+    assert {n: Path(t.key).name for n in stack.services
+            if (t := stack.internal_tls(n)) is not None} == {
+        "perfmodel": "perfmodel-key.pem", "executor-lp0": "executor-key.pem",
+        "executor-lp1": "executor-key.pem", "scheduler-lp0": "scheduler-lp0-key.pem",
+        "scheduler-lp1": "scheduler-key.pem", "gateway": "gateway-key.pem"}
+    (d / "executor.pem").unlink()
+    with pytest.raises(ValueError, match="--tls-internal-dir: .* has no executor-lp0.pem"):
+        stack.internal_tls("executor-lp0")
+    assert Stack(StackConfig(redis_url="redis://127.0.0.1:1/0")).internal_tls("gateway") is None
