@@ -4,8 +4,8 @@ with and without TLS, over one ``sloserve bench`` (sim backend) per mode.
 Modes: ``plain`` (no TLS), ``tls`` (gRPC + HTTPS with ``--tls-cert/--tls-key``, the
 bench's SDK trusting the CA through ``$SLOSERVE_TLS_CA``), ``tls+mtls`` (also mutual TLS
 on the internal plane, whose client side the gateway pays too). Certificates come from
-``trustme``; Redis is ``$REDIS_URL``. The gateway's utime + stime from ``/proc``
-(``stack_cpu.cpu_by_service``) before and after the bench; one JSON line per mode.
+``trustme``; Redis is ``$REDIS_URL``. The stack's own gateway process's utime + stime
+from ``/proc`` before and after the bench; one JSON line per mode.
 
     PYTHONPATH=shared:services python infra/bench/tls_cost.py --num-requests 300 \\
         --output-len 256 --qps 4
@@ -24,9 +24,14 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stack_cpu import cpu_by_service  # noqa: E402
+
+
+def cpu_s(pid: int) -> float:
+    """utime + stime (s) of process ``pid`` (ours: other stacks on the machine run
+    gateways too, so not by name as ``stack_cpu.cpu_by_service``)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def make_pki(d: Path) -> None:
@@ -64,17 +69,19 @@ def run_mode(mode: str, args: argparse.Namespace, pki: Path, trace: Path) -> dic
     load_before = os.getloadavg()
     with Stack(cfg) as stack:
         time.sleep(3)  # past the start-up imports
-        before, t0 = cpu_by_service(), time.time()
+        gw_proc = stack.services["gateway"].proc
+        assert gw_proc is not None
+        before, t0 = cpu_s(gw_proc.pid), time.time()
         r = subprocess.run(
             [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", stack.gateway,
              "--trace-file", str(trace), "--sample", "ordered",
              "--num-requests", str(args.num_requests), "--qps", str(args.qps),
              "--seed", "0", "--json", "--disable-tqdm"],
             capture_output=True, text=True, env=env, check=True)
-        wall, after = time.time() - t0, cpu_by_service()
+        wall, after = time.time() - t0, cpu_s(gw_proc.pid)
     bench = json.loads(r.stdout.strip().splitlines()[-1])
     tokens = bench["throughput_tok_s"] * bench["duration"]
-    gw = after["gateway"] - before["gateway"]
+    gw = after - before
     return {"mode": mode, "wall_s": round(wall, 1), "completed": bench.get("completed"),
             "output_tokens": round(tokens), "gateway_cpu_s": round(gw, 2),
             "gateway_cpu_us_per_token": round(gw / tokens * 1e6, 1),
