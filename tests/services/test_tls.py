@@ -284,3 +284,25 @@ def test_each_service_gets_its_own_certificate_else_its_kinds(pki: Path, tmp_pat
     with pytest.raises(ValueError, match="--tls-internal-dir: .* has no executor-lp0.pem"):
         stack.internal_tls("executor-lp0")
     assert Stack(StackConfig(redis_url="redis://127.0.0.1:1/0")).internal_tls("gateway") is None
+
+
+def test_up_flags_reach_the_gateway_and_the_children(pki: Path, tmp_path: Path) -> None:
+    from sloserve.services.cli import build_parser
+    from sloserve.services.up_cmd import config_from_args
+
+    pub, internal = pki / "public", pki / "internal"
+    args = build_parser().parse_args([
+        "up", "--host", "0.0.0.0", "--redis-url", "redis://127.0.0.1:1/0",
+        "--log-dir", str(tmp_path), "--tls-cert", str(pub / "gateway.pem"),
+        "--tls-key", str(pub / "gateway-key.pem"), "--tls-ca", str(pub / "ca.pem"),
+        "--tls-internal-dir", str(internal)])
+    stack = Stack(config_from_args(args))
+    stack.plan()
+    gw = stack.services["gateway"].argv
+    assert gw[gw.index("--tls-cert") + 1] == str(pub / "gateway.pem")
+    assert gw[gw.index("--tls-key") + 1] == str(pub / "gateway-key.pem")
+    assert all("--tls-cert" not in s.argv for n, s in stack.services.items() if n != "gateway")
+    assert stack.credentials("gateway") is not None and stack.credentials("perfmodel")
+    tls = stack.internal_tls("executor-lp0")
+    assert tls is not None and tls.env()["SLOSERVE_INTERNAL_KEY"] == \
+        str(internal / "executor-key.pem")
