@@ -15,6 +15,7 @@ from sloserve.services import auth
 from sloserve.services.gateway.validate import MAX_MESSAGE_BYTES
 from sloserve.services.proto import common_pb2, gateway_grpc, gateway_pb2
 from sloserve.services.rpc import client_options
+from sloserve.services.tls import client_credentials
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,13 +173,18 @@ class Client:
 
     ``max_request_bytes`` (default: the gateway's default gRPC message limit; None: no
     check): a request over it raises :class:`InvalidArgument` naming its biggest field
-    before anything is sent."""
+    before anything is sent. ``tls_ca`` (else ``$SLOSERVE_TLS_CA``): connect over TLS,
+    trusting this CA file (issue 34); neither: plaintext."""
 
     def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None,
-                 max_request_bytes: int | None = MAX_MESSAGE_BYTES) -> None:
+                 max_request_bytes: int | None = MAX_MESSAGE_BYTES,
+                 tls_ca: str | None = None) -> None:
         self._max_bytes = max_request_bytes
         self._md = _auth_metadata(api_key)
-        self._channel = grpc.insecure_channel(target, options=client_options())
+        creds = client_credentials(tls_ca)
+        self._channel = (grpc.insecure_channel(target, options=client_options())
+                         if creds is None else
+                         grpc.secure_channel(target, creds, options=client_options()))
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     def generate(
@@ -223,10 +229,14 @@ class AsyncClient:
     as :class:`Client`'s)."""
 
     def __init__(self, target: str = "127.0.0.1:50051", api_key: str | None = None,
-                 max_request_bytes: int | None = MAX_MESSAGE_BYTES) -> None:
+                 max_request_bytes: int | None = MAX_MESSAGE_BYTES,
+                 tls_ca: str | None = None) -> None:
         self._max_bytes = max_request_bytes
         self._md = _auth_metadata(api_key)
-        self._channel = grpc.aio.insecure_channel(target, options=client_options())
+        creds = client_credentials(tls_ca)
+        self._channel = (grpc.aio.insecure_channel(target, options=client_options())
+                         if creds is None else
+                         grpc.aio.secure_channel(target, creds, options=client_options()))
         self._stub = gateway_grpc.GatewayStub(self._channel)
 
     async def generate(

@@ -134,10 +134,15 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def channel(target: str) -> grpc.aio.Channel:
-    """An internal channel: sends ``$SLOSERVE_INTERNAL_TOKEN`` on every call when set."""
+    """An internal channel: sends ``$SLOSERVE_INTERNAL_TOKEN`` on every call when set, over
+    mutual TLS when ``$SLOSERVE_INTERNAL_{CA,CERT,KEY}`` are (``tls.py``, issue 34)."""
     from sloserve.services.auth import internal_token, sending
+    from sloserve.services.tls import MutualTLS
 
-    return sending(grpc.aio.insecure_channel(target, options=client_options()), internal_token())
+    mtls = MutualTLS.from_env()
+    ch = (grpc.aio.insecure_channel(target, options=client_options()) if mtls is None else
+          grpc.aio.secure_channel(target, mtls.channel_credentials(), options=client_options()))
+    return sending(ch, internal_token())
 
 
 async def start_server(
@@ -146,12 +151,14 @@ async def start_server(
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     internal: bool = True,
     tarpit: bool = True,
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Start an aio server with our servicer, standard health checking and reflection.
 
     ``internal`` servers require ``$SLOSERVE_INTERNAL_TOKEN`` on every call but health
     checks when it is set (``auth``); the gateway passes its own API-key check instead,
-    and ``tarpit=False`` (see :func:`server_options`).
+    and ``tarpit=False`` (see :func:`server_options`). ``credentials``: serve TLS; an
+    ``internal`` server without them serves mutual TLS when ``$SLOSERVE_INTERNAL_*`` say so.
 
     The service reports SERVING once started; call ``set_not_serving`` on drain.
     Raises :class:`PortInUse` when ``host:port`` is taken.
@@ -160,8 +167,12 @@ async def start_server(
         check_port_free(host, port)
     if internal:
         from sloserve.services.auth import internal_interceptors
+        from sloserve.services.tls import MutualTLS
 
         interceptors = [*internal_interceptors(), *interceptors]
+        mtls = MutualTLS.from_env()
+        if credentials is None and mtls is not None:
+            credentials = mtls.server_credentials()
     server = grpc.aio.server(
         options=server_options(max_receive_bytes=max_receive_bytes, tarpit=tarpit),
         interceptors=interceptors)
@@ -172,7 +183,8 @@ async def start_server(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = (server.add_insecure_port(f"{host}:{port}") if credentials is None else
+                 server.add_secure_port(f"{host}:{port}", credentials))
     except RuntimeError:  # grpcio raises where older versions returned 0
         bound = 0
     if bound == 0:
@@ -212,11 +224,20 @@ async def _watch_parent(pid: int, every: float = 1.0) -> None:
         await asyncio.sleep(every)
 
 
-def wait_healthy(target: str, service: str = "", timeout: float = 30.0) -> None:
+def health_channel(target: str,
+                   credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A blocking channel to ``target``: TLS with ``credentials``, else plaintext."""
+    if credentials is None:
+        return grpc.insecure_channel(target)
+    return grpc.secure_channel(target, credentials)
+
+
+def wait_healthy(target: str, service: str = "", timeout: float = 30.0,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
     """Block until ``target`` reports SERVING for ``service`` (raises TimeoutError)."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
-    with grpc.insecure_channel(target) as ch:
+    with health_channel(target, credentials) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while time.monotonic() < deadline:
             try:

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import grpc
+
 from sloserve.deployment import Deployment
 from sloserve.policies import instance_roles
 from sloserve.policies.flags import config_to_argv
@@ -34,6 +36,13 @@ from sloserve.services.auth import INTERNAL_TOKEN_ENV, internal_token, new_token
 from sloserve.services.executor.backends import BACKENDS, TORCH, VLLM
 from sloserve.services.rpc import PARENT_PID_ENV, wait_healthy
 from sloserve.services.store import EmbeddedRedis, free_port, redis_url
+from sloserve.services.tls import (
+    INTERNAL_ENVS,
+    TLS_CA_ENV,
+    MutualTLS,
+    ServerTLS,
+    client_credentials,
+)
 from sloserve.tenancy import KeyLimits
 
 # a vllm executor imports vLLM, loads the model and compiles it (as stock vllm serve: 100-200 s
@@ -111,11 +120,23 @@ class StackConfig(Deployment):
     http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
     metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
+    # transport security (issue 34, ``tls.py``): the gateway's public certificate and key,
+    # the CA that `up` checks the gateway's health with, the internal plane's mutual TLS
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None  # None: $SLOSERVE_TLS_CA
+    tls_internal_dir: str | None = None  # ca.pem, <service>.pem, <service>-key.pem
 
     def validate(self) -> None:
         self.check()
         if self.backend not in BACKENDS:
             raise ValueError(f"backend: must be sim, torch or vllm, got {self.backend!r}")
+        public = ServerTLS.from_args(self.tls_cert, self.tls_key)
+        if public is not None and not (self.tls_ca or os.environ.get(TLS_CA_ENV)):
+            raise ValueError(f"--tls-ca: required with --tls-cert (also ${TLS_CA_ENV}): the "
+                             "CA that signed it, to check the gateway's health over TLS")
+        if self.tls_internal_dir is not None:
+            MutualTLS.from_dir(self.tls_internal_dir, "up", "gateway")
 
     def resolved(self) -> Deployment:
         """The Deployment every service is handed: the policy's SLO-dependent defaults
@@ -185,7 +206,24 @@ class Stack:
     @property
     def http(self) -> str:
         """The OpenAI-compatible API's base URL ("" when off)."""
-        return f"http://{self.cfg.host}:{self.cfg.http_port}" if self.cfg.http_port else ""
+        scheme = "https" if self.cfg.tls_cert else "http"
+        return f"{scheme}://{self.cfg.host}:{self.cfg.http_port}" if self.cfg.http_port else ""
+
+    def internal_tls(self, name: str, *fallbacks: str) -> MutualTLS | None:
+        """Service ``name``'s mutual-TLS files (``None``: the internal plane is plaintext):
+        ``<name>.pem``, else ``<kind>.pem`` (``scheduler`` for ``scheduler-lp0``)."""
+        d = self.cfg.tls_internal_dir
+        if d is None:
+            return None
+        return MutualTLS.from_dir(d, *dict.fromkeys((name, name.split("-")[0], *fallbacks)))
+
+    def credentials(self, name: str) -> grpc.ChannelCredentials | None:
+        """What ``up`` (its start-up wait, the supervisor) checks service ``name``'s health
+        with: the public CA for a TLS gateway, our own certificate on a mutual-TLS plane."""
+        if name == "gateway":
+            return client_credentials(self.cfg.tls_ca) if self.cfg.tls_cert else None
+        mine = self.internal_tls("up", "gateway")
+        return None if mine is None else mine.channel_credentials()
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
         host = self.cfg.host if svc == "gateway" else INTERNAL_HOST
@@ -255,6 +293,8 @@ class Stack:
         if kl.on:
             gw += ["--max-inflight-per-key", str(kl.max_inflight), "--key-token-rate",
                    repr(kl.token_rate), "--key-token-burst", repr(kl.token_burst)]
+        if c.tls_cert and c.tls_key:
+            gw += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
         self._add("gateway", self._module("gateway", c.gateway_port, *gw),
                   f"{c.host}:{c.gateway_port}", "gateway")
 
@@ -312,7 +352,7 @@ class Stack:
             if left <= 0:
                 raise self._failed(name, "was not healthy")
             try:
-                wait_healthy(svc.address, svc.health, min(1.0, left))
+                wait_healthy(svc.address, svc.health, min(1.0, left), self.credentials(name))
                 if self._progress is not None:
                     self._progress(f"started    {name} "
                                    f"({elapsed(time.monotonic() - self._t0)})")
@@ -346,6 +386,11 @@ class Stack:
         env.pop(INTERNAL_TOKEN_ENV, None)
         if self.internal_token:
             env[INTERNAL_TOKEN_ENV] = self.internal_token
+        for var in INTERNAL_ENVS:
+            env.pop(var, None)
+        mtls = self.internal_tls(name)
+        if mtls is not None:
+            env.update(mtls.env())
         svc.proc = subprocess.Popen(svc.argv, stdout=err, stderr=err, env=env)
         if err is not None:
             err.close()
@@ -362,7 +407,7 @@ class Stack:
             self.kill(name, signal.SIGTERM)
         self.spawn(name)
         timeout = max(timeout, start_budget(self.cfg.backend))
-        wait_healthy(svc.address, svc.health, timeout)
+        wait_healthy(svc.address, svc.health, timeout, self.credentials(name))
 
     def exited(self) -> list[str]:
         """Services whose process has ended."""

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from sloserve.services.rpc import health_channel
 from sloserve.services.stack import Stack
 
 CHECK_TIMEOUT_S = 1.0
@@ -47,8 +48,9 @@ class HealthCheck:
     """One service's health checks, on a channel kept while it answers SERVING; a failed
     check (or :meth:`reset`, after a restart) closes it, so the next connects afresh."""
 
-    def __init__(self, address: str, service: str) -> None:
-        self.address, self.service = address, service
+    def __init__(self, address: str, service: str,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        self.address, self.service, self.credentials = address, service, credentials
         self._channel: grpc.Channel | None = None
         self._stub: health_pb2_grpc.HealthStub | None = None
         self.channels_opened = 0  # channels it has connected (tests, evidence)
@@ -58,7 +60,7 @@ class HealthCheck:
         """SERVING within ``timeout``."""
         self.calls += 1
         if self._stub is None:
-            self._channel = grpc.insecure_channel(self.address)
+            self._channel = health_channel(self.address, self.credentials)
             self._stub = health_pb2_grpc.HealthStub(self._channel)
             self.channels_opened += 1
         try:
@@ -129,7 +131,7 @@ class Supervisor:
         self.restarts: list[Restart] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self.checks = {name: HealthCheck(svc.address, LIVENESS)
+        self.checks = {name: HealthCheck(svc.address, LIVENESS, stack.credentials(name))
                        for name, svc in stack.services.items()}
         self._threads = [threading.Thread(target=self._watch, args=(name,),
                                           name=f"supervise-{name}", daemon=True)

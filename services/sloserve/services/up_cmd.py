@@ -31,6 +31,7 @@ from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
 from sloserve.services.supervisor import Policy, Supervisor
+from sloserve.services.tls import TLS_CA_ENV, ServerTLS, check_bind
 from sloserve.tenancy import KeyLimits
 
 UNHEALTHY_S = 10.0
@@ -53,6 +54,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="the gateway's address (the other services always bind 127.0.0.1)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--tls-cert", default=None,
+                   help="serve the gateway's gRPC and HTTPS ports with this PEM certificate "
+                        "chain (with --tls-key; docs/deploy.md, TLS)")
+    p.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
+    p.add_argument("--tls-ca", default=None,
+                   help=f"the CA that signed --tls-cert, for up's health checks of the gateway "
+                        f"(default ${TLS_CA_ENV})")
+    p.add_argument("--tls-internal-dir", default=None,
+                   help="mutual TLS between the services: ca.pem and <service>.pem + "
+                        "<service>-key.pem (<service>: gateway, scheduler, executor, "
+                        "perfmodel, or a stack name such as scheduler-lp0; up: up.pem, "
+                        "else gateway.pem)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve plaintext on a non-loopback --host (refused otherwise)")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the gateway's OpenAI-compatible HTTP API (0: off)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
@@ -100,6 +115,8 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         api_key_file=args.api_key_file,
         key_limits=KeyLimits(args.max_inflight_per_key, args.key_token_rate,
                              args.key_token_burst),
+        tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
+        tls_internal_dir=args.tls_internal_dir,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
     )
     cfg.validate()
@@ -136,6 +153,8 @@ def run(args: argparse.Namespace) -> int:
     if args.unhealthy_after is not None and not args.unhealthy_after > 0:
         raise ValueError(f"--unhealthy-after: must be > 0, got {args.unhealthy_after}")
     keys = load_api_keys(args.api_key_file)  # a bad file: one line, nothing started
+    tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so are bad certificate files
+    check_bind(args.host, tls=tls is not None, insecure=args.insecure)
     d = Deployment()  # the flags left unset: its defaults
     check_up(args.backend, args.model or d.model, args.gpu or d.gpu, args.weights,  # 1 line,
              args.redis_url,  # exit 2
@@ -166,6 +185,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<16} {svc.address}  metrics http://{svc.metrics}/metrics")
         if stack.http:
             print(f"openai api       {stack.http}/v1  (and {stack.http}/metrics)")
+        inner = f"mutual TLS ({cfg.tls_internal_dir})" if cfg.tls_internal_dir else "plaintext"
+        print(f"tls        public {f'on ({cfg.tls_cert})' if cfg.tls_cert else 'off'}; "
+              f"internal plane {inner}")
         print(f"logs       {cfg.log_dir}")
         print(f"slo        {slo_defaults(cfg.ttft_slo, cfg.tbt_slo)}")
         print(f"auth       API keys required ({len(keys)} configured)" if keys else

@@ -42,6 +42,7 @@ from sloserve.services import auth
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
 from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
+from sloserve.services.tls import ServerTLS
 
 STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
     grpc.StatusCode.INVALID_ARGUMENT: (400, "invalid_request_error"),
@@ -575,13 +576,16 @@ class _Server(uvicorn.Server):
         return nullcontext()
 
 
-async def serve_http(app: FastAPI, host: str, port: int) -> None:
-    """Serve ``app`` until cancelled (raises ``PortInUse`` when the port is taken)."""
+async def serve_http(app: FastAPI, host: str, port: int, tls: ServerTLS | None = None) -> None:
+    """Serve ``app`` until cancelled (raises ``PortInUse`` when the port is taken); HTTPS
+    with ``tls`` (issue 34)."""
     from sloserve.services.rpc import check_port_free
 
     check_port_free(host, port)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            lifespan="off", timeout_graceful_shutdown=2)
+                            lifespan="off", timeout_graceful_shutdown=2,
+                            ssl_certfile=tls.cert if tls else None,
+                            ssl_keyfile=tls.key if tls else None)
     server = _Server(config)
     await server.serve()
 

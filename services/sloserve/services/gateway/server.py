@@ -57,6 +57,7 @@ from sloserve.services.proto import (
     scheduler_grpc,
     scheduler_pb2,
 )
+from sloserve.services.tls import ServerTLS
 from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
 Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
@@ -465,6 +466,7 @@ def prefix_router(dep: Deployment,
 async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
+    tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
     addresses = parse_schedulers(args.scheduler)
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
@@ -487,6 +489,7 @@ async def serve(args: argparse.Namespace) -> None:
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
         max_receive_bytes=inputs.max_message_bytes, internal=False, tarpit=False,
+        credentials=tls.credentials() if tls else None,
         interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
                       MalformedRequests()],
     )
@@ -504,7 +507,8 @@ async def serve(args: argparse.Namespace) -> None:
         from sloserve.services.gateway.openai_http import build_app, serve_http
 
         tasks.append(asyncio.create_task(
-            serve_http(build_app(svc, keys), args.http_host or args.host, args.http_port)))
+            serve_http(build_app(svc, keys), args.http_host or args.host, args.http_port,
+                       tls=tls)))
     svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks)
 
@@ -537,6 +541,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")
+    p.add_argument("--tls-cert", default=None,
+                   help="serve gRPC and HTTPS with this PEM certificate chain (with --tls-key)")
+    p.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
                    help=f"virtual: arrival times come from the {ARRIVAL_METADATA} metadata "
                         "(a protocol test's conductor)")
