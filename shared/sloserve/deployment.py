@@ -102,9 +102,7 @@ class Deployment:
         hints = typing.get_type_hints(Deployment)
         for f in fields(Deployment):
             _check_setting(f, getattr(self, f.name), hints[f.name])
-        if self.policy not in policy_names():
-            raise ValueError(f"policy: must be one of {', '.join(policy_names())}, "
-                             f"got {self.policy!r}")
+        get_spec(self.policy)  # a registered policy or variant, else refused by name
         check_deployment(self.policy, self.instances, self.hp_instances, self.policy_config)
 
     def resolved_policy_config(self, slo_mix: str | None = None) -> PolicyConfig:

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from sloserve.admission import RETRY_AFTER_S, SHED_PREFIX
+from sloserve.admission import RETRY_AFTER_S, SHED_PREFIX, Admission
 from sloserve.client import Client, RequestDropped
 from sloserve.services.stack import Stack
 from sloserve.services.store import free_port
@@ -25,7 +25,10 @@ PROMPT = [65] * 2000
 
 @pytest.fixture
 def stack(start_stack: Callable[..., Stack]) -> Stack:
-    return start_stack(http_port=free_port(), ttft_slo=DEFAULT_TTFT, perf_model="roofline")
+    # admission on (`up --admission`; off by default, as vLLM), so the first test shows
+    # that even a shedding stack never sheds for a default SLO
+    return start_stack(http_port=free_port(), ttft_slo=DEFAULT_TTFT, perf_model="roofline",
+                       admission=Admission())
 
 
 def test_an_idle_stack_serves_a_request_without_an_slo_its_default_ttft_cannot_meet(
