@@ -26,6 +26,7 @@ SUBCOMMANDS = {
     "model": "model_cmd",
     "soak": "soak_cmd",
     "sweep": "sweep_cmd",
+    "render": "render_cmd",
 }
 
 

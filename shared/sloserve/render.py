@@ -1,0 +1,474 @@
+"""One deployment description rendered for compose and Kubernetes (issue 34, item 4).
+
+A description is a YAML mapping: the :class:`~sloserve.deployment.Deployment`'s fields
+(policy, knobs, instances and roles, model, GPU, SLOs, ...) plus what only an
+orchestrator needs: ``frontends`` (gateway replicas; the HPA's floor), ``max_frontends``
+(its ceiling), ``backend`` (sim | torch | vllm) and ``images``. :func:`render_compose`
+and :func:`render_k8s` turn it into docker-compose YAML and Kubernetes manifests with one
+scheduler + executor pair per instance (``instance_roles``: ``lp0, lp1, hp2``), the perf
+model, the gateway and Redis. The checked-in ``docker-compose.yml`` and ``infra/k8s/``
+are their output (``sloserve render``; ``tests/infra/test_render.py`` fails on drift).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from sloserve.deployment import DEPLOYMENT_ENV, Deployment
+from sloserve.policies.registry import instance_roles
+
+BACKENDS = ("sim", "torch", "vllm")
+IMAGE_KEYS = ("service", "executor", "gpu_executor", "redis")
+EXTRA_KEYS = ("frontends", "max_frontends", "backend", "images")
+
+GATEWAY_PORT, HTTP_PORT, PERFMODEL_PORT = 50051, 8000, 50060
+EXECUTOR_PORT, SCHEDULER_PORT, REDIS_PORT = 50061, 50071, 6379
+INTERNAL_DIR, PUBLIC_DIR = "/etc/sloserve/internal", "/etc/sloserve/public"
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("sloserve")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - not installed
+        return "0.1.0"
+
+
+def default_images() -> dict[str, str]:
+    """Pinned images (the package version; never ``:latest``). ``executor`` defaults to
+    ``service``; ``gpu_executor`` is the vLLM CUDA image ``--gpu-variant`` runs."""
+    v = _version()
+    return {"service": f"sloserve-service:{v}", "executor": f"sloserve-service:{v}",
+            "gpu_executor": f"sloserve-vllm-cuda:{v}", "redis": "redis:7.2.5-alpine"}
+
+
+@dataclass(frozen=True, slots=True)
+class Description:
+    """A Deployment and what an orchestrator adds to it."""
+
+    deployment: Deployment
+    frontends: int = 1
+    max_frontends: int = 4
+    backend: str = "sim"
+    images: dict[str, str] = field(default_factory=default_images)
+
+    def pairs(self) -> list[tuple[int, str, str]]:
+        """``[(k, instance_id, role)]``: one scheduler + executor pair per instance."""
+        d = self.deployment
+        return [(k, iid, role) for k, (iid, role) in
+                enumerate(instance_roles(d.policy, d.instances, d.hp_instances))]
+
+
+def _int(raw: dict[str, Any], key: str, default: int, low: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key}: must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def load_description(text: str) -> Description:
+    """Parse and check a description; a bad or unknown key raises ``ValueError`` naming it."""
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"description: not YAML ({exc})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"description: must be a mapping, got {type(raw).__name__}")
+    frontends = _int(raw, "frontends", 1, 1)
+    max_frontends = _int(raw, "max_frontends", max(4, frontends), frontends)
+    backend = raw.get("backend", "sim")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    images = default_images()
+    given = raw.get("images", {})
+    if not isinstance(given, dict):
+        raise ValueError(f"images: must be a mapping of {', '.join(IMAGE_KEYS)}")
+    for key, image in given.items():
+        if key not in IMAGE_KEYS:
+            raise ValueError(f"images.{key}: unknown image (images: {', '.join(IMAGE_KEYS)})")
+        name, _, tag = str(image).partition(":")
+        if not isinstance(image, str) or not name or not tag or tag == "latest":
+            raise ValueError(f"images.{key}: must be NAME:TAG with a pinned tag, got {image!r}")
+        images[key] = image
+    if "executor" not in given:
+        images["executor"] = images["service"]
+    rest = {k: v for k, v in raw.items() if k not in EXTRA_KEYS}
+    try:
+        dep = Deployment.from_json(json.dumps(rest))
+    except ValueError as exc:
+        if "unknown field" in str(exc):
+            unknown = sorted(set(rest) - set(json.loads(Deployment().to_json())))[0]
+            raise ValueError(f"{unknown}: unknown key (a Deployment field or one of "
+                             f"{', '.join(EXTRA_KEYS)})") from None
+        raise
+    return Description(dep, frontends, max_frontends, backend, images)
+
+
+def _deployment_json(desc: Description, slo_env: bool) -> str:
+    """The Deployment as services get it; ``slo_env``: compose's ``${SLOSERVE_TTFT_SLO}``
+    and ``${SLOSERVE_TBT_SLO}`` override the SLOs at ``up`` time."""
+    text = desc.deployment.to_json()
+    if not slo_env:
+        return text
+    d = json.loads(text)
+    for key, env in (("ttft_slo", "SLOSERVE_TTFT_SLO"), ("tbt_slo", "SLOSERVE_TBT_SLO")):
+        if d[key] is not None:
+            d[key] = f"@@{env}:{d[key]}@@"
+    out = json.dumps(d, sort_keys=True)
+    for key, env in (("ttft_slo", "SLOSERVE_TTFT_SLO"), ("tbt_slo", "SLOSERVE_TBT_SLO")):
+        if d[key] is not None:
+            value = d[key].split(":", 1)[1].rstrip("@")
+            out = out.replace(f'"@@{env}:{value}@@"', f"${{{env}:-{value}}}")
+    return out
+
+
+def _executor_args(desc: Description, k: int, host: str | None, backend: str) -> list[str]:
+    d = desc.deployment
+    args = ["sloserve.services.executor", *(["--host", host] if host else []),
+            "--port", str(EXECUTOR_PORT), "--backend", backend,
+            "--seed", str(d.seed), "--instance", str(k)]
+    return args
+
+
+def _scheduler_args(desc: Description, iid: str, role: str, executor: str) -> list[str]:
+    d = desc.deployment
+    return ["sloserve.services.scheduler", "--host", "0.0.0.0", "--port", str(SCHEDULER_PORT),
+            "--instance-id", iid, "--role", role, "--policy", d.policy,
+            "--num-hp", str(d.hp_instances), "--executor", executor]
+
+
+class _Dumper(yaml.SafeDumper):
+    """Every block written out (no ``&id001`` anchors): the file reads as rendered."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _dump(header: str, docs: list[dict[str, Any]]) -> str:
+    body = "---\n".join(yaml.dump(d, Dumper=_Dumper, sort_keys=False, width=100)
+                        for d in docs)
+    return header + body
+
+
+def _header(what: str, source: str, command: str) -> str:
+    return (f"# GENERATED by `sloserve render {command}` from {source}: do not edit by hand.\n"
+            f"# Regenerate: python -m sloserve.services.cli render {command} {source} "
+            f"--out {what}\n"
+            "# (tests/infra/test_render.py fails when this file and the render drift apart;\n"
+            "#  docs/deploy.md describes the description file and what is rendered.)\n")
+
+
+HEALTH = ("import sys; from sloserve.services.rpc import wait_healthy; "
+          "wait_healthy(sys.argv[1], timeout=3)")
+
+
+def render_compose(desc: Description, source: str = "DESCRIPTION",
+                   out: str = "docker-compose.yml") -> str:
+    """docker-compose YAML: Redis, the perf model, one executor + scheduler service per
+    instance, and the gateway (published on the host's loopback only). Plaintext on an
+    internal network; compose has one gateway (``frontends`` must be 1)."""
+    if desc.frontends != 1:
+        raise ValueError(f"frontends: compose publishes one gateway on fixed host ports; "
+                         f"got {desc.frontends} (render k8s for more)")
+    dep = _deployment_json(desc, slo_env=True)
+    env = {"REDIS_URL": "redis://:${SLOSERVE_REDIS_PASSWORD:?set SLOSERVE_REDIS_PASSWORD}"
+                        f"@redis:{REDIS_PORT}/0",
+           "SLOSERVE_INTERNAL_TOKEN": "${SLOSERVE_INTERNAL_TOKEN:?set SLOSERVE_INTERNAL_TOKEN}",
+           DEPLOYMENT_ENV: dep}
+    health = {"interval": "2s", "timeout": "5s", "retries": 30}
+    build = {"context": ".", "dockerfile": "infra/Dockerfile.service"}
+
+    def service(image: str, command: list[str], **extra: Any) -> dict[str, Any]:
+        svc: dict[str, Any] = {"image": image}
+        if image == desc.images["service"]:
+            svc["build"] = build
+        else:
+            svc["entrypoint"] = ["python", "-m"]
+        svc.update({"restart": "unless-stopped", "networks": ["backend"],
+                    "environment": dict(env), "command": command})
+        svc.update(extra)
+        return svc
+
+    def grpc_health(port: int) -> dict[str, Any]:
+        return {"test": ["CMD", "python", "-c", HEALTH, f"127.0.0.1:{port}"], **health}
+
+    redis_ok = {"redis": {"condition": "service_healthy"}}
+    services: dict[str, Any] = {
+        "redis": {"image": desc.images["redis"], "networks": ["backend"],
+                  "command": ["redis-server", "--requirepass",
+                              "${SLOSERVE_REDIS_PASSWORD:?set SLOSERVE_REDIS_PASSWORD}"],
+                  "environment": {"REDISCLI_AUTH": "${SLOSERVE_REDIS_PASSWORD}"},
+                  "healthcheck": {"test": ["CMD", "redis-cli", "ping"], **health}},
+        "perfmodel": service(desc.images["service"],
+                             ["sloserve.services.perfmodel", "--host", "0.0.0.0", "--port",
+                              str(PERFMODEL_PORT)], depends_on=redis_ok),
+    }
+    schedulers = []
+    for k, iid, role in desc.pairs():
+        services[f"executor-{iid}"] = service(
+            desc.images["executor"], _executor_args(desc, k, "0.0.0.0", desc.backend),
+            depends_on=redis_ok, healthcheck=grpc_health(EXECUTOR_PORT))
+        services[f"scheduler-{iid}"] = service(
+            desc.images["service"],
+            _scheduler_args(desc, iid, role, f"executor-{iid}:{EXECUTOR_PORT}"),
+            depends_on={f"executor-{iid}": {"condition": "service_healthy"}},
+            healthcheck=grpc_health(SCHEDULER_PORT))
+        schedulers.append(f"{iid}=scheduler-{iid}:{SCHEDULER_PORT}")
+    gateway = service(
+        desc.images["service"],
+        ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
+         "--http-port", str(HTTP_PORT), *[a for s in schedulers for a in ("--scheduler", s)]],
+        networks=["backend", "front"],
+        ports=[f"127.0.0.1:${{SLOSERVE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}",
+               f"127.0.0.1:${{SLOSERVE_HTTP_PORT:-{HTTP_PORT}}}:{HTTP_PORT}"],
+        depends_on={f"scheduler-{iid}": {"condition": "service_healthy"}
+                    for _, iid, _ in desc.pairs()})
+    gateway["environment"] = {
+        "SLOSERVE_INTERNAL_TOKEN": env["SLOSERVE_INTERNAL_TOKEN"],
+        "SLOSERVE_API_KEYS": "${SLOSERVE_API_KEYS:-}", DEPLOYMENT_ENV: dep}
+    services["gateway"] = gateway
+    compose = {"services": services,
+               "networks": {"backend": {"internal": True}, "front": {}}}
+    header = _header(out, source, "compose") + _COMPOSE_NOTES
+    return _dump(header, [compose])
+
+
+_COMPOSE_NOTES = """\
+#   export SLOSERVE_REDIS_PASSWORD=$(openssl rand -hex 24)
+#   export SLOSERVE_INTERNAL_TOKEN=$(openssl rand -hex 32)
+#   export SLOSERVE_API_KEYS=my-key          # empty: auth off (the gateway logs auth_off)
+#   docker compose up --build   # gateway on 127.0.0.1:${SLOSERVE_GATEWAY_PORT:-50051},
+#                               # OpenAI API on 127.0.0.1:${SLOSERVE_HTTP_PORT:-8000}
+# infra/compose_smoke.sh does this with fresh secrets and benches 100 requests.
+# Access (docs/reliability.md): only the gateway's ports are published (host loopback);
+# everything else is on the internal `backend` network. Redis requires a password,
+# internal services the internal token, the gateway an API key when SLOSERVE_API_KEYS
+# is set. Every service is handed the Deployment in $SLOSERVE_DEPLOYMENT;
+# SLOSERVE_TTFT_SLO / SLOSERVE_TBT_SLO override its SLOs.
+"""
+
+
+def _k8s_probe(port: int, public: bool) -> dict[str, Any]:
+    """An exec probe with the container's credentials (the kubelet's gRPC probe speaks no
+    TLS): the gateway's public CA, else the internal mutual-TLS files."""
+    creds = (f"from sloserve.services.tls import client_credentials as c; "
+             f"cred = c('{PUBLIC_DIR}/ca.crt')" if public else
+             "from sloserve.services.tls import MutualTLS; m = MutualTLS.from_env(); "
+             "cred = m and m.channel_credentials()")
+    script = (f"{creds}; from sloserve.services.rpc import wait_healthy; "
+              f"wait_healthy('127.0.0.1:{port}', timeout=3, credentials=cred)")
+    return {"exec": {"command": ["python", "-c", script]}, "timeoutSeconds": 5}
+
+
+def _secret_env(name: str, key: str, secret: str = "sloserve") -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
+def _config_env(name: str, key: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"configMapKeyRef": {"name": "sloserve", "key": key}}}
+
+
+def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESCRIPTION",
+               out: str = "infra/k8s") -> dict[str, str]:
+    """Kubernetes manifests (``sloserve.yaml``) and their ``kustomization.yaml``: Redis,
+    the perf model, one StatefulSet per role whose pods are scheduler + executor pairs
+    (``instances`` pods in all), the gateway Deployment with a HorizontalPodAutoscaler,
+    probes, resources, NetworkPolicies, and the TLS Secrets mounted (public on the
+    gateway, internal mutual TLS on every service). ``gpu_variant``: executors on the
+    vLLM CUDA image, ``--backend vllm``, one ``nvidia.com/gpu`` each."""
+    if gpu_variant and desc.backend != "vllm":
+        raise ValueError(f"backend: --gpu-variant runs vLLM executors; the description "
+                         f"says {desc.backend!r} (set backend: vllm)")
+    images = desc.images
+    executor_image = images["gpu_executor"] if gpu_variant else images["executor"]
+    redis_url = f"redis://:$(REDIS_PASSWORD)@redis:{REDIS_PORT}/0"
+    internal_env = [
+        {"name": "SLOSERVE_INTERNAL_CA", "value": f"{INTERNAL_DIR}/ca.crt"},
+        {"name": "SLOSERVE_INTERNAL_CERT", "value": f"{INTERNAL_DIR}/tls.crt"},
+        {"name": "SLOSERVE_INTERNAL_KEY", "value": f"{INTERNAL_DIR}/tls.key"},
+        _secret_env("SLOSERVE_INTERNAL_TOKEN", "internal-token"),
+        _config_env(DEPLOYMENT_ENV, "deployment")]
+    redis_env = [_secret_env("REDIS_PASSWORD", "redis-password"),
+                 {"name": "REDIS_URL", "value": redis_url}]
+    internal_mount = {"name": "internal-tls", "mountPath": INTERNAL_DIR, "readOnly": True}
+    internal_volume = {"name": "internal-tls", "secret": {"secretName": "sloserve-internal-tls"}}
+
+    def container(name: str, image: str, args: list[str], env: list[dict[str, Any]],
+                  port: int | None, probe: dict[str, Any], requests: dict[str, str],
+                  limits: dict[str, str], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+        c: dict[str, Any] = {"name": name, "image": image}
+        if image != images["service"] and image != images["redis"]:
+            c["command"] = ["python", "-m"]
+        c.update({"args": args, "env": env})
+        if port is not None:
+            c["ports"] = [{"containerPort": port}]
+        c["readinessProbe"] = {**probe, "periodSeconds": 5}
+        c["livenessProbe"] = {**probe, "initialDelaySeconds": 20, "periodSeconds": 10,
+                              "failureThreshold": 6}
+        c["resources"] = {"requests": requests, "limits": limits}
+        if mounts:
+            c["volumeMounts"] = mounts
+        return c
+
+    def workload(kind: str, name: str, labels: dict[str, str], containers: list[Any],
+                 volumes: list[Any], **spec: Any) -> dict[str, Any]:
+        pod: dict[str, Any] = {"containers": containers}
+        if volumes:
+            pod["volumes"] = volumes
+        return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name},
+                "spec": {**spec, "selector": {"matchLabels": labels},
+                         "template": {"metadata": {"labels": labels}, "spec": pod}}}
+
+    redis_probe = {"exec": {"command": ["redis-cli", "ping"]}}
+    docs: list[dict[str, Any]] = [
+        workload("Deployment", "redis", {"app": "redis"}, [container(
+            "redis", images["redis"], ["redis-server", "--requirepass", "$(REDIS_PASSWORD)"],
+            [_secret_env("REDIS_PASSWORD", "redis-password"),
+             _secret_env("REDISCLI_AUTH", "redis-password")], REDIS_PORT, redis_probe,
+            {"cpu": "100m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"}, [])], []),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "redis"},
+         "spec": {"selector": {"app": "redis"}, "ports": [{"port": REDIS_PORT}]}},
+        workload("Deployment", "perfmodel", {"app": "perfmodel"}, [container(
+            "perfmodel", images["service"],
+            ["sloserve.services.perfmodel", "--host", "0.0.0.0", "--port", str(PERFMODEL_PORT)],
+            [*redis_env, *internal_env], PERFMODEL_PORT, _k8s_probe(PERFMODEL_PORT, False),
+            {"cpu": "100m", "memory": "256Mi"}, {"cpu": "1", "memory": "1Gi"},
+            [internal_mount])], [internal_volume]),
+    ]
+    backend = "vllm" if gpu_variant else desc.backend
+    gpu = {"nvidia.com/gpu": "1"} if gpu_variant else {}
+    schedulers = []
+    start = 0
+    for role in ("lp", "hp"):
+        ids = [iid for _, iid, r in desc.pairs() if r == role]
+        if not ids:
+            continue
+        name = f"instance-{role}"
+        executor = container(
+            "executor", executor_image,
+            [*_executor_args(desc, 0, None, backend)[:-1], "$(POD_INDEX)"],
+            [{"name": "POD_INDEX", "valueFrom": {"fieldRef": {
+                "fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}},
+             *redis_env, *internal_env], None, _k8s_probe(EXECUTOR_PORT, False),
+            {"cpu": "250m", "memory": "512Mi", **gpu}, {"cpu": "1", "memory": "2Gi", **gpu},
+            [internal_mount])
+        scheduler = container(
+            "scheduler", images["service"],
+            _scheduler_args(desc, "$(POD_NAME)", role, f"127.0.0.1:{EXECUTOR_PORT}"),
+            [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+             *redis_env, *internal_env], SCHEDULER_PORT, _k8s_probe(SCHEDULER_PORT, False),
+            {"cpu": "250m", "memory": "512Mi"}, {"cpu": "1", "memory": "1Gi"},
+            [internal_mount])
+        # ordinals continue across roles: pod k's executor draws noise stream k, as `up`
+        docs.append(workload("StatefulSet", name, {"app": "instance", "role": role},
+                             [executor, scheduler], [internal_volume], serviceName="instance",
+                             replicas=len(ids), ordinals={"start": start}))
+        schedulers += [f"{name}-{start + i}={name}-{start + i}.instance:{SCHEDULER_PORT}"
+                       for i in range(len(ids))]
+        start += len(ids)
+    docs += [
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "instance"},
+         "spec": {"clusterIP": "None", "selector": {"app": "instance"},
+                  "ports": [{"port": SCHEDULER_PORT}]}},
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sloserve"},
+         "data": {"schedulers": ",".join(schedulers),
+                  "deployment": _deployment_json(desc, slo_env=False)}},
+    ]
+    gateway = container(
+        "gateway", images["service"],
+        ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
+         "--http-port", str(HTTP_PORT), "--tls-cert", f"{PUBLIC_DIR}/tls.crt",
+         "--tls-key", f"{PUBLIC_DIR}/tls.key", "--scheduler", "$(SLOSERVE_SCHEDULERS)"],
+        [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV],
+         _secret_env("SLOSERVE_API_KEYS", "api-keys"),
+         _config_env("SLOSERVE_SCHEDULERS", "schedulers"),
+         _config_env(DEPLOYMENT_ENV, "deployment")],
+        None, _k8s_probe(GATEWAY_PORT, True),
+        {"cpu": "250m", "memory": "512Mi"}, {"cpu": "2", "memory": "1Gi"},
+        [internal_mount, {"name": "public-tls", "mountPath": PUBLIC_DIR, "readOnly": True}])
+    gateway["ports"] = [{"name": "grpc", "containerPort": GATEWAY_PORT},
+                        {"name": "http", "containerPort": HTTP_PORT}]
+    docs += [
+        workload("Deployment", "gateway", {"app": "gateway"}, [gateway],
+                 [internal_volume, {"name": "public-tls",
+                                    "secret": {"secretName": "sloserve-public-tls"}}],
+                 replicas=desc.frontends),
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gateway"},
+         "spec": {"selector": {"app": "gateway"},
+                  "ports": [{"name": "grpc", "port": GATEWAY_PORT},
+                            {"name": "http", "port": HTTP_PORT}]}},
+        {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+         "metadata": {"name": "gateway"},
+         "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                     "name": "gateway"},
+                  "minReplicas": desc.frontends, "maxReplicas": desc.max_frontends,
+                  "metrics": [{"type": "Resource", "resource": {
+                      "name": "cpu", "target": {"type": "Utilization",
+                                                "averageUtilization": 70}}}]}},
+        *_network_policies(),
+    ]
+    header = _header(out, source,
+                     "k8s --gpu-variant" if gpu_variant else "k8s") + _K8S_NOTES
+    used = sorted({c["image"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
+                   for c in d["spec"]["template"]["spec"]["containers"]})
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": ["sloserve.yaml"],
+        "images": [{"name": i.partition(":")[0], "newName": i.partition(":")[0],
+                    "newTag": i.partition(":")[2]} for i in used]}
+    k_header = (_header(out, source,
+                        "k8s --gpu-variant" if gpu_variant else "k8s")
+                + "# Point an image at your registry, then apply:\n"
+                  "#   kustomize edit set image sloserve-service=$REGISTRY/sloserve-service:TAG\n"
+                  "#   kubectl apply -k .\n")
+    return {"sloserve.yaml": _dump(header, docs),
+            "kustomization.yaml": _dump(k_header, [kustomization])}
+
+
+def _network_policies() -> list[dict[str, Any]]:
+    def policy(name: str, app: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": name},
+                "spec": {"podSelector": {"matchLabels": {"app": app}},
+                         "policyTypes": ["Ingress"], "ingress": ingress}}
+
+    def pods(*apps: str) -> list[dict[str, Any]]:
+        return [{"podSelector": {"matchLabels": {"app": a}}} for a in apps]
+
+    return [
+        {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+         "metadata": {"name": "default-deny-ingress"},
+         "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}},
+        policy("gateway-from-clients", "gateway",
+               [{"ports": [{"port": GATEWAY_PORT}, {"port": HTTP_PORT}]}]),
+        policy("scheduler-from-gateway", "instance",
+               [{"from": pods("gateway"), "ports": [{"port": SCHEDULER_PORT}]}]),
+        policy("redis-from-services", "redis",
+               [{"from": pods("instance", "perfmodel"),
+                 "ports": [{"port": REDIS_PORT}]}]),
+    ]
+
+
+_K8S_NOTES = """\
+# Build and push the images, point kustomization.yaml at your registry, create the
+# secrets (never commit them), then `kubectl apply -k` this directory:
+#   kubectl create secret generic sloserve \\
+#     --from-literal=redis-password=$(openssl rand -hex 24) \\
+#     --from-literal=internal-token=$(openssl rand -hex 32) \\
+#     --from-literal=api-keys=my-key        # "" : gateway auth off (it logs auth_off)
+#   kubectl create secret generic sloserve-public-tls --from-file=tls.crt \\
+#     --from-file=tls.key --from-file=ca.crt   # the gateway's gRPC + HTTPS certificate
+#   kubectl create secret generic sloserve-internal-tls --from-file=tls.crt \\
+#     --from-file=tls.key --from-file=ca.crt   # mutual TLS inside ($SLOSERVE_INTERNAL_*)
+# Certificates: the public one names the gateway's external name and 127.0.0.1 (the
+# probes); the internal one names *.instance, perfmodel, redis and 127.0.0.1.
+# Probes run the gRPC health check inside the container with its credentials (the
+# kubelet's gRPC probe speaks no TLS). NetworkPolicies deny all ingress but clients ->
+# gateway, gateway -> schedulers, instances and perf model -> Redis (a CNI
+# that enforces them: Calico, Cilium, ...). Scaling instances: edit the description
+# and render again (the gateway's scheduler list is in the `sloserve` ConfigMap).
+"""
