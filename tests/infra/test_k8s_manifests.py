@@ -1,6 +1,7 @@
-"""infra/k8s against the Kubernetes 1.37 schemas (``kubernetes-validate``, which ships
-them), plus what the schemas cannot say: pinned images, probes and resources on every
-container, the gateway's scheduler list from the ConfigMap, the OpenAI port exposed."""
+"""infra/k8s (CPU) and infra/k8s/gpu (``render --gpu-variant``) against the Kubernetes 1.37
+schemas (``kubernetes-validate``, which ships them), plus what the schemas cannot say:
+pinned images, probes and resources on every container, the gateway's scheduler list
+from the ConfigMap, the OpenAI port exposed."""
 
 from __future__ import annotations
 
@@ -32,9 +33,14 @@ def _schema_errors(docs: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
+@pytest.fixture(params=["cpu", "gpu"])
+def variant(request: pytest.FixtureRequest) -> Path:
+    return K8S if request.param == "cpu" else K8S / "gpu"
+
+
 @pytest.fixture
-def manifests() -> list[dict[str, Any]]:
-    return _docs((K8S / "sloserve.yaml").read_text())
+def manifests(variant: Path) -> list[dict[str, Any]]:
+    return _docs((variant / "sloserve.yaml").read_text())
 
 
 def _containers(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -52,12 +58,13 @@ def test_the_schema_check_catches_a_broken_manifest() -> None:
     broken = text.replace("containerPort: 50051", 'containerPort: "fifty"', 1)
     assert broken != text
     assert any("gateway" in e for e in _schema_errors(_docs(broken)))
-    typo = text.replace("readinessProbe: { grpc:", "readinesProbe: { grpc:", 1)
+    typo = text.replace("readinessProbe:", "readinesProbe:", 1)
+    assert typo != text
     assert _schema_errors(_docs(typo))  # strict: an unknown field is an error
 
 
 def test_every_container_has_a_pinned_image_probes_and_resources(
-        manifests: list[dict[str, Any]]) -> None:
+        variant: Path, manifests: list[dict[str, Any]]) -> None:
     pyproject = (K8S.parents[1] / "pyproject.toml").read_text()
     version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)  # type: ignore[union-attr]
     containers = _containers(manifests)
@@ -65,11 +72,11 @@ def test_every_container_has_a_pinned_image_probes_and_resources(
     for c in containers:
         name, _, tag = c["image"].partition(":")
         assert tag and tag != "latest", c["name"]
-        if name == "sloserve-service":
+        if name.startswith("sloserve-"):
             assert tag == version, c["name"]
         assert "readinessProbe" in c and "livenessProbe" in c, c["name"]
         assert set(c["resources"]) == {"requests", "limits"}, c["name"]
-    kustomize = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+    kustomize = yaml.safe_load((variant / "kustomization.yaml").read_text())
     assert kustomize["resources"] == ["sloserve.yaml"]
     pinned = {i["name"]: i["newTag"] for i in kustomize["images"]}
     assert pinned == {c["image"].partition(":")[0]: c["image"].partition(":")[2]
@@ -85,8 +92,8 @@ def test_the_gateway_reads_its_schedulers_from_the_configmap_and_serves_openai_o
     env = {e["name"]: e for e in gateway["env"]}
     assert env["SLOSERVE_SCHEDULERS"]["valueFrom"]["configMapKeyRef"]["name"] == "sloserve"
     schedulers = parse_schedulers([by["ConfigMap", "sloserve"]["data"]["schedulers"]])
-    replicas = by["StatefulSet", "instance"]["spec"]["replicas"]
-    assert schedulers == {f"instance-{k}": f"instance-{k}.instance:50071"
+    replicas = by["StatefulSet", "instance-lp"]["spec"]["replicas"]
+    assert schedulers == {f"instance-lp-{k}": f"instance-lp-{k}.instance:50071"
                           for k in range(replicas)}
     assert gateway["args"][gateway["args"].index("--http-port") + 1] == "8000"
     assert {p["port"] for p in by["Service", "gateway"]["spec"]["ports"]} == {50051, 8000}
