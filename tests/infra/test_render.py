@@ -1,0 +1,163 @@
+"""``sloserve render`` (issue 34, item 4): one description renders compose and Kubernetes;
+the checked-in files are its output, N instances are N scheduler + executor pairs, the
+GPU variant asks for ``nvidia.com/gpu``, and a bad description is refused by key."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from sloserve.render import load_description, render_compose, render_k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOYMENTS = ROOT / "infra" / "deployments"
+K8S_VERSION = "1.37.0"
+
+FOUR = """\
+policy: ascendra
+instances: 4
+hp_instances: 2
+backend: sim
+"""
+
+
+def _docs(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def _containers(docs: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    return {d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"]
+            for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+
+
+def _render(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "sloserve.services.cli", "render", *argv],
+                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize(("target", "source", "extra", "checked_in"), [
+    ("compose", "local-2l1h.yaml", [], ["docker-compose.yml"]),
+    ("k8s", "k8s-cpu.yaml", [], ["infra/k8s/sloserve.yaml", "infra/k8s/kustomization.yaml"]),
+    ("k8s", "k8s-gpu.yaml", ["--gpu-variant"],
+     ["infra/k8s/gpu/sloserve.yaml", "infra/k8s/gpu/kustomization.yaml"]),
+])
+def test_the_checked_in_files_are_exactly_the_render_output(
+        target: str, source: str, extra: list[str], checked_in: list[str],
+        tmp_path: Path) -> None:
+    out = tmp_path / ("docker-compose.yml" if target == "compose" else "k8s")
+    done = _render(target, f"infra/deployments/{source}", *extra, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    rendered = [out] if target == "compose" else [out / Path(p).name for p in checked_in]
+    for path, got in zip(checked_in, rendered):
+        want = (ROOT / path).read_text()
+        # the header names the --out the checked-in file was rendered with
+        assert got.read_text().replace(str(out), str(Path(path).parent) if target == "k8s"
+                                       else path) == want, f"{path} drifted from the render"
+
+
+def test_a_four_instance_deployment_renders_four_scheduler_executor_pairs() -> None:
+    desc = load_description(FOUR)
+    services = yaml.safe_load(render_compose(desc))["services"]
+    ids = ["lp0", "lp1", "hp2", "hp3"]
+    assert sorted(s for s in services if s.startswith(("executor-", "scheduler-"))) == sorted(
+        [f"executor-{i}" for i in ids] + [f"scheduler-{i}" for i in ids])
+    for k, iid in enumerate(ids):
+        sched = services[f"scheduler-{iid}"]["command"]
+        assert sched[sched.index("--executor") + 1] == f"executor-{iid}:50061"
+        assert sched[sched.index("--role") + 1] == iid[:2]
+        ex = services[f"executor-{iid}"]["command"]
+        assert ex[ex.index("--instance") + 1] == str(k)  # noise stream k, as `up`
+    gw = services["gateway"]["command"]
+    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--scheduler"] == [
+        f"{i}=scheduler-{i}:50071" for i in ids]
+    docs = _docs(render_k8s(desc)["sloserve.yaml"])
+    sets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "StatefulSet"}
+    assert {n: (s["replicas"], s["ordinals"]["start"]) for n, s in sets.items()} == {
+        "instance-lp": (2, 0), "instance-hp": (2, 2)}
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    assert config["schedulers"].split(",") == [
+        f"instance-{r}-{k}=instance-{r}-{k}.instance:50071"
+        for k, r in enumerate(["lp", "lp", "hp", "hp"])]
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+def test_the_gpu_variant_runs_vllm_executors_on_the_cuda_image_with_one_gpu_each() -> None:
+    desc = load_description((DEPLOYMENTS / "k8s-gpu.yaml").read_text())
+    for gpu_variant in (False, True):
+        docs = _docs(render_k8s(desc, gpu_variant)["sloserve.yaml"])
+        for name, containers in _containers(docs).items():
+            for c in containers:
+                asks = {k for part in c["resources"].values() for k in part}
+                executor = c["name"] == "executor"
+                assert ("nvidia.com/gpu" in asks) == (gpu_variant and executor), (name, c["name"])
+                if executor and gpu_variant:
+                    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
+                    assert c["image"] == desc.images["gpu_executor"]
+                    assert c["args"][c["args"].index("--backend") + 1] == "vllm"
+                    assert c["command"] == ["python", "-m"]
+
+
+def test_every_service_mounts_its_tls_secret_and_the_gateway_autoscales() -> None:
+    desc = load_description((DEPLOYMENTS / "k8s-cpu.yaml").read_text())
+    docs = _docs(render_k8s(desc)["sloserve.yaml"])
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("Deployment", "StatefulSet")}
+    for name, pod in pods.items():
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", [])}
+        for c in pod["containers"]:
+            if c["name"] == "redis":
+                continue
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            env = {e["name"]: e.get("value") for e in c["env"]}
+            for var in ("SLOSERVE_INTERNAL_CA", "SLOSERVE_INTERNAL_CERT",
+                        "SLOSERVE_INTERNAL_KEY"):
+                mounted = mounts[str(Path(env[var]).parent)]
+                assert secrets[mounted] == "sloserve-internal-tls", (name, var)
+    gw = pods["gateway"]["containers"][0]
+    cert = Path(gw["args"][gw["args"].index("--tls-cert") + 1])
+    mounts = {m["mountPath"]: m["name"] for m in gw["volumeMounts"]}
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pods["gateway"]["volumes"]}
+    assert volumes[mounts[str(cert.parent)]] == "sloserve-public-tls"
+    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"]["name"] == "gateway"
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (desc.frontends, desc.max_frontends)
+
+
+@pytest.mark.parametrize(("text", "key"), [
+    (FOUR + "replicas: 3\n", "replicas"),
+    (FOUR + "backend: tpu\n", "backend"),
+    (FOUR + "images: {gateway: x:1}\n", "images.gateway"),
+    (FOUR + "images: {service: sloserve-service:latest}\n", "images.service"),
+    (FOUR + "frontends: 0\n", "frontends"),
+    (FOUR + "frontends: 3\nmax_frontends: 2\n", "max_frontends"),
+    (FOUR.replace("instances: 4", "instances: 0"), "instances"),
+    ("policy: sarathi\ninstances: 2\nhp_instances: 1\n", "hp_instances"),
+    (FOUR + "tbt_slo: -1\n", "tbt_slo"),
+])
+def test_a_bad_description_is_refused_naming_the_key(text: str, key: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{key}:"):
+        load_description(text.replace("backend: sim\n", "") if key == "backend" else text)
+
+
+def test_the_cli_refuses_a_bad_description_and_writes_nothing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(FOUR + "replicas: 3\n")
+    out = tmp_path / "compose.yml"
+    done = _render("compose", str(bad), "--out", str(out))
+    assert done.returncode == 2 and "replicas:" in done.stderr and not out.exists()
+    done = _render("k8s", str(DEPLOYMENTS / "k8s-cpu.yaml"), "--gpu-variant",
+                   "--out", str(tmp_path / "k8s"))
+    assert done.returncode == 2 and "backend:" in done.stderr
+    assert not (tmp_path / "k8s").exists()
+
+
+def test_compose_refuses_more_than_one_frontend() -> None:
+    with pytest.raises(ValueError, match="^frontends:"):
+        render_compose(load_description(FOUR + "frontends: 2\n"))
