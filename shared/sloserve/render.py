@@ -141,11 +141,8 @@ def _scheduler_args(desc: Description, iid: str, role: str, executor: str) -> li
             "--num-hp", str(d.hp_instances), "--executor", executor]
 
 
-class _Dumper(yaml.SafeDumper):
-    """Every block written out (no ``&id001`` anchors): the file reads as rendered."""
-
-    def ignore_aliases(self, data: Any) -> bool:
-        return True
+# every block written out (no ``&id001`` anchors): the file reads as rendered
+_Dumper = type("_Dumper", (yaml.SafeDumper,), {"ignore_aliases": lambda self, data: True})
 
 
 def _dump(header: str, docs: list[dict[str, Any]]) -> str:
