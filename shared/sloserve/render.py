@@ -23,6 +23,7 @@ from sloserve.deployment import DEPLOYMENT_ENV, Deployment
 from sloserve.policies.registry import instance_roles
 
 BACKENDS = ("sim", "torch", "vllm")
+GPU_BACKEND = BACKENDS[2]  # the backend --gpu-variant runs (the vLLM CUDA image)
 IMAGE_KEYS = ("service", "executor", "gpu_executor", "redis")
 EXTRA_KEYS = ("frontends", "max_frontends", "backend", "images")
 
@@ -277,7 +278,7 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
     probes, resources, NetworkPolicies, and the TLS Secrets mounted (public on the
     gateway, internal mutual TLS on every service). ``gpu_variant``: executors on the
     vLLM CUDA image, ``--backend vllm``, one ``nvidia.com/gpu`` each."""
-    if gpu_variant and desc.backend != "vllm":
+    if gpu_variant and desc.backend != GPU_BACKEND:
         raise ValueError(f"backend: --gpu-variant runs vLLM executors; the description "
                          f"says {desc.backend!r} (set backend: vllm)")
     images = desc.images
@@ -336,7 +337,7 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             {"cpu": "100m", "memory": "256Mi"}, {"cpu": "1", "memory": "1Gi"},
             [internal_mount])], [internal_volume]),
     ]
-    backend = "vllm" if gpu_variant else desc.backend
+    backend = GPU_BACKEND if gpu_variant else desc.backend
     gpu = {"nvidia.com/gpu": "1"} if gpu_variant else {}
     schedulers = []
     start = 0

@@ -161,3 +161,32 @@ def test_the_cli_refuses_a_bad_description_and_writes_nothing(tmp_path: Path) ->
 def test_compose_refuses_more_than_one_frontend() -> None:
     with pytest.raises(ValueError, match="^frontends:"):
         render_compose(load_description(FOUR + "frontends: 2\n"))
+
+
+def test_every_rendered_service_command_parses_with_that_services_own_flags() -> None:
+    """Compose, k8s and its GPU variant, for the checked-in descriptions and 4 instances:
+    an unknown flag or a bad choice (``--backend``) makes the service's parser exit."""
+    from sloserve.services.executor.server import build_parser as executor
+    from sloserve.services.gateway.server import build_parser as gateway
+    from sloserve.services.perfmodel.server import build_parser as perfmodel
+    from sloserve.services.scheduler.main import build_parser as scheduler
+
+    parsers = {"sloserve.services.executor": executor, "sloserve.services.gateway": gateway,
+               "sloserve.services.perfmodel": perfmodel,
+               "sloserve.services.scheduler": scheduler}
+    texts = [FOUR] + [p.read_text() for p in sorted(DEPLOYMENTS.glob("*.yaml"))]
+    commands: list[list[str]] = []
+    for text in texts:
+        desc = load_description(text)
+        commands += [[str(a) for a in s["command"]] for s in
+                     yaml.safe_load(render_compose(desc))["services"].values()
+                     if str(s["command"][0]).startswith("sloserve.")]
+        for gpu in (False, True) if desc.backend == "vllm" else (False,):
+            docs = _docs(render_k8s(desc, gpu)["sloserve.yaml"])
+            # what Kubernetes expands $(VAR) to in a pod
+            commands += [[a.replace("$(POD_INDEX)", "2").replace("$(POD_NAME)", "instance-hp-2")
+                          for a in c["args"]] for cs in _containers(docs).values() for c in cs
+                         if c["args"][0].startswith("sloserve.")]
+    assert {c[0] for c in commands} == set(parsers)
+    for argv in commands:
+        parsers[argv[0]]().parse_args(argv[1:])

@@ -141,7 +141,7 @@ def _scheduler_commands() -> list[list[str]]:
                 walk(v)
 
     walk(yaml.safe_load((ROOT / "docker-compose.yml").read_text()))
-    for path in sorted((ROOT / "infra" / "k8s").glob("*.yaml")):
+    for path in sorted((ROOT / "infra" / "k8s").rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             walk(doc)
     return out
