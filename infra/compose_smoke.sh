@@ -5,6 +5,8 @@
 # Needs a Docker engine (../shared/tools/container-engine on our machines) and, on this
 # host, `sloserve` importable (the bench client).
 #   infra/compose_smoke.sh [RESULT_JSON]      # exit 0: 100/100 requests finished
+# SLOSERVE_DESCRIPTION=infra/deployments/compose-4.yaml runs the compose file `sloserve
+# render compose` makes from that description instead of the checked-in one (issue 34).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 result=${1:-$(mktemp --suffix=.json)}
@@ -17,7 +19,12 @@ free_port() { python -c \
   "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])"; }
 export SLOSERVE_GATEWAY_PORT=${SLOSERVE_GATEWAY_PORT:-$(free_port)}
 export SLOSERVE_HTTP_PORT=${SLOSERVE_HTTP_PORT:-$(free_port)}
-compose() { docker compose -p "$project" "$@"; }
+compose_file=docker-compose.yml
+if [ -n "${SLOSERVE_DESCRIPTION:-}" ]; then
+  compose_file=$(mktemp --suffix=.yml)
+  python -m sloserve.services.cli render compose "$SLOSERVE_DESCRIPTION" --out "$compose_file"
+fi
+compose() { docker compose -p "$project" -f "$compose_file" --project-directory . "$@"; }
 trap 'compose logs --no-color --tail 20 >&2 || true; compose down -v --remove-orphans' ERR
 trap 'compose down -v --remove-orphans >/dev/null 2>&1 || true' EXIT
 t0=$(date +%s)
