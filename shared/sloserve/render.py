@@ -30,6 +30,10 @@ EXTRA_KEYS = ("frontends", "max_frontends", "backend", "images")
 GATEWAY_PORT, HTTP_PORT, PERFMODEL_PORT = 50051, 8000, 50060
 EXECUTOR_PORT, SCHEDULER_PORT, REDIS_PORT = 50061, 50071, 6379
 INTERNAL_DIR, PUBLIC_DIR = "/etc/sloserve/internal", "/etc/sloserve/public"
+# how long a backend's executor may take to load its model before SERVING, and so how
+# long its scheduler and the gateway wait: `up`'s budgets (services/stack.py
+# start_budget; tests/infra/test_render.py keeps the two in step)
+START_S = {"sim": 60.0, "torch": 180.0, "vllm": 600.0}
 
 
 def _version() -> str:
@@ -135,11 +139,18 @@ def _executor_args(desc: Description, k: int, host: str | None, backend: str) ->
     return args
 
 
-def _scheduler_args(desc: Description, iid: str, role: str, executor: str) -> list[str]:
+def _wait(backend: str) -> list[str]:
+    """``--connect-timeout`` for a scheduler or gateway whose executors load a model."""
+    start = START_S[backend]
+    return ["--connect-timeout", str(start)] if start > START_S["sim"] else []
+
+
+def _scheduler_args(desc: Description, iid: str, role: str, executor: str,
+                    backend: str) -> list[str]:
     d = desc.deployment
     return ["sloserve.services.scheduler", "--host", "0.0.0.0", "--port", str(SCHEDULER_PORT),
             "--instance-id", iid, "--role", role, "--policy", d.policy,
-            "--num-hp", str(d.hp_instances), "--executor", executor]
+            "--num-hp", str(d.hp_instances), *_wait(backend), "--executor", executor]
 
 
 # every block written out (no ``&id001`` anchors): the file reads as rendered
@@ -191,8 +202,13 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
         svc.update(extra)
         return svc
 
+    start = START_S[desc.backend]
+
     def grpc_health(port: int) -> dict[str, Any]:
-        return {"test": ["CMD", "python", "-c", HEALTH, f"127.0.0.1:{port}"], **health}
+        check = {"test": ["CMD", "python", "-c", HEALTH, f"127.0.0.1:{port}"], **health}
+        if start > START_S["sim"]:  # the model loads first
+            check["start_period"] = f"{start:.0f}s"
+        return check
 
     redis_ok = {"redis": {"condition": "service_healthy"}}
     services: dict[str, Any] = {
@@ -212,14 +228,15 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
             depends_on=redis_ok, healthcheck=grpc_health(EXECUTOR_PORT))
         services[f"scheduler-{iid}"] = service(
             desc.images["service"],
-            _scheduler_args(desc, iid, role, f"executor-{iid}:{EXECUTOR_PORT}"),
+            _scheduler_args(desc, iid, role, f"executor-{iid}:{EXECUTOR_PORT}", desc.backend),
             depends_on={f"executor-{iid}": {"condition": "service_healthy"}},
             healthcheck=grpc_health(SCHEDULER_PORT))
         schedulers.append(f"{iid}=scheduler-{iid}:{SCHEDULER_PORT}")
     gateway = service(
         desc.images["service"],
         ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
-         "--http-port", str(HTTP_PORT), *[a for s in schedulers for a in ("--scheduler", s)]],
+         "--http-port", str(HTTP_PORT), *_wait(desc.backend),
+         *[a for s in schedulers for a in ("--scheduler", s)]],
         networks=["backend", "front"],
         ports=[f"127.0.0.1:${{SLOSERVE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}",
                f"127.0.0.1:${{SLOSERVE_HTTP_PORT:-{HTTP_PORT}}}:{HTTP_PORT}"],
@@ -282,6 +299,7 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         raise ValueError(f"backend: --gpu-variant runs vLLM executors; the description "
                          f"says {desc.backend!r} (set backend: vllm)")
     images = desc.images
+    backend = GPU_BACKEND if gpu_variant else desc.backend
     executor_image = images["gpu_executor"] if gpu_variant else images["executor"]
     redis_url = f"redis://:$(REDIS_PASSWORD)@redis:{REDIS_PORT}/0"
     internal_env = [
@@ -304,6 +322,9 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         c.update({"args": args, "env": env})
         if port is not None:
             c["ports"] = [{"containerPort": port}]
+        if name != "redis":  # up to the backend's start budget before liveness counts
+            c["startupProbe"] = {**probe, "periodSeconds": 10,
+                                 "failureThreshold": int(START_S[backend] // 10)}
         c["readinessProbe"] = {**probe, "periodSeconds": 5}
         c["livenessProbe"] = {**probe, "initialDelaySeconds": 20, "periodSeconds": 10,
                               "failureThreshold": 6}
@@ -337,7 +358,6 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             {"cpu": "100m", "memory": "256Mi"}, {"cpu": "1", "memory": "1Gi"},
             [internal_mount])], [internal_volume]),
     ]
-    backend = GPU_BACKEND if gpu_variant else desc.backend
     gpu = {"nvidia.com/gpu": "1"} if gpu_variant else {}
     schedulers = []
     start = 0
@@ -356,7 +376,7 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             [internal_mount])
         scheduler = container(
             "scheduler", images["service"],
-            _scheduler_args(desc, "$(POD_NAME)", role, f"127.0.0.1:{EXECUTOR_PORT}"),
+            _scheduler_args(desc, "$(POD_NAME)", role, f"127.0.0.1:{EXECUTOR_PORT}", backend),
             [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
              *redis_env, *internal_env], SCHEDULER_PORT, _k8s_probe(SCHEDULER_PORT, False),
             {"cpu": "250m", "memory": "512Mi"}, {"cpu": "1", "memory": "1Gi"},
@@ -380,7 +400,8 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         "gateway", images["service"],
         ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
          "--http-port", str(HTTP_PORT), "--tls-cert", f"{PUBLIC_DIR}/tls.crt",
-         "--tls-key", f"{PUBLIC_DIR}/tls.key", "--scheduler", "$(SLOSERVE_SCHEDULERS)"],
+         "--tls-key", f"{PUBLIC_DIR}/tls.key", *_wait(backend),
+         "--scheduler", "$(SLOSERVE_SCHEDULERS)"],
         [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV],
          _secret_env("SLOSERVE_API_KEYS", "api-keys"),
          _config_env("SLOSERVE_SCHEDULERS", "schedulers"),

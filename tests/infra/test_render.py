@@ -190,3 +190,26 @@ def test_every_rendered_service_command_parses_with_that_services_own_flags() ->
     assert {c[0] for c in commands} == set(parsers)
     for argv in commands:
         parsers[argv[0]]().parse_args(argv[1:])
+
+
+def test_each_backend_gets_ups_start_budget_in_probes_and_connect_timeouts() -> None:
+    """A vLLM executor loads its model for minutes: the startup probe, the scheduler's
+    and the gateway's ``--connect-timeout`` wait as long as ``up`` does (stack.py)."""
+    from sloserve.render import START_S
+    from sloserve.services.stack import start_budget
+
+    assert START_S == {b: start_budget(b) for b in START_S}
+    for backend in START_S:
+        desc = load_description(FOUR + f"backend: {backend}\n")
+        docs = _docs(render_k8s(desc)["sloserve.yaml"])
+        for name, containers in _containers(docs).items():
+            for c in containers:
+                if c["name"] == "redis":
+                    continue
+                startup = c["startupProbe"]
+                assert startup["periodSeconds"] * startup["failureThreshold"] == \
+                    start_budget(backend), (name, c["name"])
+                if c["name"] in ("scheduler", "gateway"):
+                    waits = [float(c["args"][i + 1]) for i, a in enumerate(c["args"])
+                             if a == "--connect-timeout"]
+                    assert waits == ([start_budget(backend)] if backend != "sim" else [])
