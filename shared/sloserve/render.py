@@ -45,7 +45,8 @@ def _version() -> str:
 
 def default_images() -> dict[str, str]:
     """Pinned images (the package version; never ``:latest``). ``executor`` defaults to
-    ``service``; ``gpu_executor`` is the vLLM CUDA image ``--gpu-variant`` runs."""
+    ``service`` (``backend: torch``: ``sloserve-torch``, infra/Dockerfile.torch);
+    ``gpu_executor`` is the vLLM CUDA image ``--gpu-variant`` runs."""
     v = _version()
     return {"service": f"sloserve-service:{v}", "executor": f"sloserve-service:{v}",
             "gpu_executor": f"sloserve-vllm-cuda:{v}", "redis": "redis:7.2.5-alpine"}
@@ -99,8 +100,9 @@ def load_description(text: str) -> Description:
         if not isinstance(image, str) or not name or not tag or tag == "latest":
             raise ValueError(f"images.{key}: must be NAME:TAG with a pinned tag, got {image!r}")
         images[key] = image
-    if "executor" not in given:
-        images["executor"] = images["service"]
+    if "executor" not in given:  # torch: infra/Dockerfile.torch's image (model inside)
+        images["executor"] = (f"sloserve-torch:{_version()}" if backend == "torch"
+                              else images["service"])
     rest = {k: v for k, v in raw.items() if k not in EXTRA_KEYS}
     try:
         dep = Deployment.from_json(json.dumps(rest))

@@ -213,3 +213,14 @@ def test_each_backend_gets_ups_start_budget_in_probes_and_connect_timeouts() -> 
                     waits = [float(c["args"][i + 1]) for i, a in enumerate(c["args"])
                              if a == "--connect-timeout"]
                     assert waits == ([start_budget(backend)] if backend != "sim" else [])
+
+
+def test_a_torch_description_runs_its_executors_on_the_torch_image() -> None:
+    desc = load_description(FOUR + "backend: torch\n")
+    services = yaml.safe_load(render_compose(desc))["services"]
+    for name, svc in services.items():
+        if name.startswith("executor-"):
+            assert svc["image"].startswith("sloserve-torch:") and "build" not in svc
+            assert svc["entrypoint"] == ["python", "-m"]  # its own runs the executor
+        elif name != "redis":
+            assert svc["image"] == desc.images["service"]
