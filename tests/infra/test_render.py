@@ -224,3 +224,51 @@ def test_a_torch_description_runs_its_executors_on_the_torch_image() -> None:
             assert svc["entrypoint"] == ["python", "-m"]  # its own runs the executor
         elif name != "redis":
             assert svc["image"] == desc.images["service"]
+
+
+def _pki(d: Path) -> dict[str, str]:
+    """A CA and one certificate for 127.0.0.1, as the rendered Secrets hold them."""
+    import trustme
+
+    d.mkdir()
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    ca.cert_pem.write_to_path(str(d / "ca.crt"))
+    cert.cert_chain_pems[0].write_to_path(str(d / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(d / "tls.key"))
+    return {"SLOSERVE_INTERNAL_CA": str(d / "ca.crt"),
+            "SLOSERVE_INTERNAL_CERT": str(d / "tls.crt"),
+            "SLOSERVE_INTERNAL_KEY": str(d / "tls.key")}
+
+
+def test_the_rendered_exec_probe_passes_a_mutual_tls_service_only_with_its_credentials(
+        tmp_path: Path) -> None:
+    """The perf model's probe from infra/k8s, run as the kubelet runs it, against a real
+    perf-model service serving mutual TLS: SERVING with the container's files, a failure
+    with a certificate from another CA (the probe is code in a string: run it)."""
+    import os
+    import random
+
+    docs = _docs((ROOT / "infra" / "k8s" / "sloserve.yaml").read_text())
+    (probe,) = [c["livenessProbe"]["exec"]["command"] for c in _containers(docs)["perfmodel"]]
+    port = random.randint(20000, 29999)
+    probe = [a.replace(":50060", f":{port}") for a in probe]
+    good, rogue = _pki(tmp_path / "good"), _pki(tmp_path / "rogue")
+    env = {**os.environ, **good, "SLOSERVE_INTERNAL_TOKEN": "t"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "sloserve.services.perfmodel", "--port", str(port),
+         "--prefix", f"render-probe-{port}"], env=env, cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        ok = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60)
+        for _ in range(5):  # the service may still be starting: the kubelet retries too
+            if ok.returncode == 0:
+                break
+            ok = subprocess.run(probe, env=env, capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0, ok.stderr[-2000:]
+        bad = subprocess.run(probe, env={**env, **rogue}, capture_output=True, text=True,
+                             timeout=60)
+        assert bad.returncode != 0 and "not SERVING" in bad.stderr
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
