@@ -166,8 +166,9 @@ GATEWAY_RUNNING = Gauge("sloserve:gateway_requests_running", "Requests in flight
                         "gateway with at least one token out", M)
 GATEWAY_WAITING = Gauge("sloserve:gateway_requests_waiting", "Requests in flight at the "
                         "gateway with no token out yet", M)
-SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO outcome "
-                       "(attainment = met / all)", M + ["slo_met"])
+SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO class (the SLOs "
+                       "it carries: slo_class) and outcome (attainment = met / all)",
+                       M + ["slo_class", "slo_met"])
 GOODPUT_TOKENS = Counter("sloserve:goodput_tokens", "Output tokens of requests that met "
                          "every SLO (rate(): goodput)", M)
 OFFLOADS = Counter("sloserve:offloads", "Requests moved to another instance", M)
@@ -186,6 +187,14 @@ PERF_FIT_MAPE = Gauge("sloserve:perf_model_fit_mape", "The latest fit's mean abs
 PERF_ERROR = Histogram(
     "sloserve:perf_model_relative_error", "|predicted - measured| / measured batch time",
     M, buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
+
+
+def slo_class(has_ttft: bool, has_tbt: bool, has_jct: bool) -> str:
+    """A request's SLO class, ``sloserve:slo_requests``' label: the SLOs it carries, joined
+    by ``+`` (``ttft+tbt``), ``none`` without any (bounded: 8 values, whatever clients send;
+    issue 35, item 3: attainment per class)."""
+    kinds = [k for k, on in (("ttft", has_ttft), ("tbt", has_tbt), ("jct", has_jct)) if on]
+    return "+".join(kinds) or "none"
 
 
 def drop_label(reason: str) -> str:

@@ -100,6 +100,8 @@ class Timeline:
         """Metrics and the one log line of a request that ended (any way); ``drop_reason``:
         what the scheduler said of a dropped one."""
         m, n = self.model, len(self.token_times)
+        cls = metrics.slo_class(spec.HasField("ttft_slo"), spec.HasField("tbt_slo"),
+                                spec.HasField("jct_slo"))
         met = finish_reason in ("stop", "length") and self.slo_met(spec)
         if finish_reason in ("stop", "length"):
             e = self.engine or instance
@@ -114,11 +116,11 @@ class Timeline:
             metrics.REQUEST_MAX_TOKENS.labels(m, e).observe(self.max_tokens)
             if n > 1:
                 metrics.REQUEST_TPOT.labels(m, e).observe(decode / (n - 1))
-            metrics.SLO_REQUESTS.labels(m, str(met).lower()).inc()
+            metrics.SLO_REQUESTS.labels(m, cls, str(met).lower()).inc()
             if met:
                 metrics.GOODPUT_TOKENS.labels(m).inc(n)
         elif finish_reason == "dropped":  # attainment is met / all, as summarize counts it:
-            metrics.SLO_REQUESTS.labels(m, "false").inc()  # a drop never meets its SLOs
+            metrics.SLO_REQUESTS.labels(m, cls, "false").inc()  # a drop never meets its SLOs
         log.info("request", request_id=spec.request_id, instance=instance, policy=policy,
                  prompt_tokens=self.prompt_tokens, output_tokens=n,
                  ttft_s=_r(self.ttft), mean_tbt_s=_r(self.mean_tbt), slo_met=met,
