@@ -112,7 +112,7 @@ def test_running_plus_waiting_summed_over_engines_is_the_requests_in_flight(
     n = 6
     stack = start_stack(http_port=free_port(), metrics=True, instances=2, time_scale=10.0)
     socks = _hold(stack, n)
-    seen = []
+    seen: list[tuple[float, float, float]] = []
     deadline = time.monotonic() + 30
     try:
         while not seen or seen[-1] != (n, n, n):
