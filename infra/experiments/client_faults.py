@@ -10,9 +10,9 @@ token prefill lasts seconds). Appends one JSON line per run to
 * surrogate: ``he\\ud800llo`` in ``prompt``, chat ``content`` and ``stop``: status, param,
   latency, whether the keep-alive connection served the next request;
 * non-streamed disconnect: 5 requests of 3000 tokens closed after 1 s: seconds from the
-  close until the gateway's ``vllm:num_requests_running`` is 0 and the schedulers hold
-  no request and no KV block; the same for 5 SSE streams closed before their first token
-  (6000-token prompts) and after it.
+  close until the gateway's in-flight count (``sloserve:gateway_requests_running``) is 0
+  and the schedulers hold no request and no KV block; the same for 5 SSE streams closed
+  before their first token (6000-token prompts) and after it.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def held(st: Stack) -> dict[str, int]:
     text = httpx.get(f"http://{st.services['gateway'].metrics}/metrics", timeout=5).text
     for ln in text.splitlines():
         for g in ("running", "waiting"):
-            if ln.startswith(f"vllm:num_requests_{g}{{"):
+            if ln.startswith(f"sloserve:gateway_requests_{g}{{"):
                 out[g] = int(float(ln.rsplit(" ", 1)[1]))
     return out
 

@@ -2,8 +2,9 @@
 vLLM's server aborts on disconnect): over HTTP streamed or not, before or after the first
 token, and over gRPC, on a live sim stack whose batches take 10x their profiled time (a
 long prompt's prefill lasts seconds, as on a loaded GPU). What is measured is the
-scheduler's own count of requests and free KV blocks, and the gateway's
-``vllm:num_requests_running`` / ``_waiting``, from the moment the socket closes."""
+scheduler's own count of requests and free KV blocks, and the gateway's own view
+``sloserve:gateway_requests_running`` / ``_waiting`` (a token out or not), from the moment
+the socket closes."""
 
 from __future__ import annotations
 
@@ -53,11 +54,12 @@ def _held(stack: Stack) -> dict[str, int]:
             scheduler_pb2.StatusRequest(), metadata=stack.internal_metadata, timeout=5)
     text = httpx.get(f"http://{stack.services['gateway'].metrics}/metrics", timeout=5).text
     gauges = {ln.split("{")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
-              if ln.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting"))}
+              if ln.startswith(("sloserve:gateway_requests_running",
+                                "sloserve:gateway_requests_waiting"))}
     return {"requests": st.num_running + st.num_waiting,
             "kv_blocks": st.executor.kv_capacity_blocks - st.kv_free_blocks,
-            "running": int(gauges["vllm:num_requests_running"]),
-            "waiting": int(gauges["vllm:num_requests_waiting"])}
+            "running": int(gauges["sloserve:gateway_requests_running"]),
+            "waiting": int(gauges["sloserve:gateway_requests_waiting"])}
 
 
 def _until(stack: Stack, ok: Callable[[dict[str, int]], bool],

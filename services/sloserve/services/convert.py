@@ -127,12 +127,19 @@ def plan_to_proto(
 
 def tokens_to_proto(
     events: Iterable[TokenEvent], stopped: Iterable[str], out: scheduler_pb2.SchedulerOutput,
+    requests: Mapping[str, Request] | None = None,
 ) -> None:
+    """``requests``: the instance's, to stamp a first token with its request's queue and
+    prefill time (vLLM's, exported on the API port; issue 35, item 3)."""
     stop = set(stopped) if stopped else ()
     add = out.tokens.add
     for ev in events:
-        add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id, time=ev.time,
-            finished=ev.finished, stopped=ev.request_id in stop)
+        t = add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id, time=ev.time,
+                finished=ev.finished, stopped=ev.request_id in stop)
+        r = requests.get(ev.request_id) if ev.index == 0 and requests is not None else None
+        if r is not None and r.first_scheduled_time is not None:
+            t.queue_time = max(0.0, r.first_scheduled_time - r.arrival_time)
+            t.prefill_time = max(0.0, ev.time - r.first_scheduled_time)
 
 
 def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceState:
@@ -141,4 +148,7 @@ def state_to_proto(instance: Instance, now: float) -> scheduler_pb2.InstanceStat
         instance_id=instance.instance_id, num_waiting_prefills=instance.num_waiting_prefills,
         time=now, declines_ticket=not instance.policy.offers_ticket(instance.view(now)),
         prefix_query_tokens=getattr(kv, "num_query_tokens", 0),
-        prefix_hit_tokens=getattr(kv, "num_hit_tokens", 0))
+        prefix_hit_tokens=getattr(kv, "num_hit_tokens", 0),
+        num_running=len(instance.running), num_waiting=len(instance.waiting),
+        kv_used_blocks=kv.num_used_blocks, kv_num_blocks=kv.num_blocks,
+        num_preemptions=instance.num_preemptions)

@@ -3,20 +3,23 @@ vLLM dashboards and llm-d's endpoint picker read a sloserve stack unchanged, plu
 ``sloserve:`` families for what vLLM has no name for (SLO attainment, goodput,
 offloads, drops, policy decision time, perf-model error).
 
-Which process exports what: the gateway the request-level families (TTFT, ITL, E2E,
-token counters, running/waiting as the gateway sees them, SLO attainment, goodput,
-offloads, drops); each scheduler its instance's running/waiting, KV usage,
-preemptions, queue time, policy decision time and perf-model error; each executor its
-batches (tokens per iteration, measured batch time); the perf-model service its refits.
+Which process exports what: the gateway (the API port) every vLLM family a dashboard or
+router reads, per instance (label ``engine``): the request-level ones it measures (TTFT,
+ITL, E2E, queue/prefill/decode time, token counts) and each instance's running/waiting,
+KV usage and preemptions as its scheduler reports them (issue 35, item 3), plus SLO
+attainment, goodput, offloads, drops and its own in-flight view (``sloserve:gateway_*``);
+each scheduler its policy decision time and perf-model error; each executor its batches
+(tokens per iteration, measured batch time); the perf-model service its refits.
 Buckets are vLLM's (``vllm/v1/metrics/loggers.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from sloserve.controller import DROP_BY_POLICY
@@ -27,29 +30,104 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
                7.5, 10.0, 20.0, 40.0, 80.0)
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000,
+                       50000, 100000)  # vLLM's 1-2-5 series (build_1_2_5_buckets)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
                    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 # --- vLLM's names -------------------------------------------------------------------------
+# The API port (the gateway) exports every vLLM family per instance, label ``engine`` (the
+# instance id), as vLLM does per engine (issue 35, item 3): the request-level ones it
+# measures itself, the instance-level ones (queues, KV, preemptions) as each scheduler's
+# ``InstanceState`` last said (``EngineStates``). No other process exports these names, so a
+# dashboard summing them over every scrape target counts each request once.
+E = ["model_name", "engine"]
 TTFT = Histogram("vllm:time_to_first_token_seconds", "Time to first token (gateway arrival "
-                 "to the token leaving the gateway)", M, buckets=TTFT_BUCKETS)
+                 "to the token leaving the gateway)", E, buckets=TTFT_BUCKETS)
 ITL = Histogram("vllm:inter_token_latency_seconds", "Time between consecutive output tokens",
-                M, buckets=ITL_BUCKETS)
-E2E = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token", M,
+                E, buckets=ITL_BUCKETS)
+TPOT = Histogram("vllm:time_per_output_token_seconds", "Time between consecutive output "
+                 "tokens (vLLM's older name for inter_token_latency_seconds; its published "
+                 "dashboard reads it)", E, buckets=ITL_BUCKETS)
+REQUEST_TPOT = Histogram("vllm:request_time_per_output_token_seconds", "A request's mean "
+                         "time per output token after the first", E, buckets=ITL_BUCKETS)
+E2E = Histogram("vllm:e2e_request_latency_seconds", "Arrival to last token", E,
                 buckets=LATENCY_BUCKETS)
 REQUEST_QUEUE_TIME = Histogram("vllm:request_queue_time_seconds",
                        "Time a request waited on its instance before its first scheduling",
-                       M, buckets=LATENCY_BUCKETS)
-RUNNING = Gauge("vllm:num_requests_running", "Requests being generated", M)
-WAITING = Gauge("vllm:num_requests_waiting", "Requests waiting for their first scheduling", M)
-KV_USAGE = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", M)
-PREEMPTIONS = Counter("vllm:num_preemptions", "Recompute preemptions", M)
-PROMPT_TOKENS = Counter("vllm:prompt_tokens", "Prompt tokens of finished requests", M)
-GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens", M)
-REQUEST_SUCCESS = Counter("vllm:request_success", "Finished requests", M + ["finished_reason"])
+                       E, buckets=LATENCY_BUCKETS)
+PREFILL_TIME = Histogram("vllm:request_prefill_time_seconds", "First scheduling to first "
+                         "token (scheduler's clock)", E, buckets=LATENCY_BUCKETS)
+DECODE_TIME = Histogram("vllm:request_decode_time_seconds", "First to last token", E,
+                        buckets=LATENCY_BUCKETS)
+INFERENCE_TIME = Histogram("vllm:request_inference_time_seconds", "First scheduling to last "
+                           "token (prefill + decode)", E, buckets=LATENCY_BUCKETS)
+REQUEST_PROMPT_TOKENS = Histogram("vllm:request_prompt_tokens", "Prompt tokens per finished "
+                                  "request", E, buckets=TOKEN_COUNT_BUCKETS)
+REQUEST_GENERATION_TOKENS = Histogram("vllm:request_generation_tokens", "Generated tokens per "
+                                      "finished request", E, buckets=TOKEN_COUNT_BUCKETS)
+REQUEST_MAX_GENERATION_TOKENS = Histogram(
+    "vllm:request_max_num_generation_tokens", "Most tokens generated by one sequence of a "
+    "finished request (n = 1: its generated tokens)", E, buckets=TOKEN_COUNT_BUCKETS)
+REQUEST_MAX_TOKENS = Histogram("vllm:request_params_max_tokens", "A finished request's "
+                               "max_tokens", E, buckets=TOKEN_COUNT_BUCKETS)
+PROMPT_TOKENS = Counter("vllm:prompt_tokens", "Prompt tokens of requests that started "
+                        "generating", E)
+GENERATION_TOKENS = Counter("vllm:generation_tokens", "Generated tokens", E)
+REQUEST_SUCCESS = Counter("vllm:request_success", "Finished requests", E + ["finished_reason"])
 ITERATION_TOKENS = Histogram("vllm:iteration_tokens_total", "Tokens per engine step (one "
                              "executed batch)", M, buckets=ITERATION_TOKENS_BUCKETS)
 
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    """What one instance's scheduler last reported (``InstanceState``), for ``EngineStates``."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_used_blocks: int = 0
+    kv_num_blocks: int = 0
+    num_preemptions: int = 0
+    block_size: int = 0  # the executor's, for vllm:cache_config_info
+
+
+class EngineStates(Collector):
+    """vLLM's instance-level families on the API port, one series per instance (label
+    ``engine``): ``vllm:num_requests_running`` / ``_waiting``, ``vllm:kv_cache_usage_perc``
+    (and the older ``vllm:gpu_cache_usage_perc`` vLLM's published dashboard reads),
+    ``vllm:num_preemptions`` and ``vllm:cache_config_info`` (issue 35, item 3). ``source``:
+    model name and {instance: EngineState}."""
+
+    def __init__(self) -> None:
+        self.source: Callable[[], tuple[str, Mapping[str, EngineState]]] | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        if self.source is None:
+            return
+        model, states = self.source()
+        running = GaugeMetricFamily("vllm:num_requests_running", "Requests in the instance's "
+                                    "running batch", labels=E)
+        waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting on the "
+                                    "instance for their first scheduling", labels=E)
+        kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", labels=E)
+        gpu = GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's "
+                                "older name for kv_cache_usage_perc)", labels=E)
+        pre = CounterMetricFamily("vllm:num_preemptions", "Recompute preemptions", labels=E)
+        info = GaugeMetricFamily("vllm:cache_config_info", "The instance's KV-cache config",
+                                 labels=E + ["block_size", "num_gpu_blocks"])
+        for engine, st in sorted(states.items()):
+            usage = st.kv_used_blocks / st.kv_num_blocks if st.kv_num_blocks else 0.0
+            running.add_metric([model, engine], st.num_running)
+            waiting.add_metric([model, engine], st.num_waiting)
+            kv.add_metric([model, engine], usage)
+            gpu.add_metric([model, engine], usage)
+            pre.add_metric([model, engine], st.num_preemptions)
+            info.add_metric([model, engine, str(st.block_size), str(st.kv_num_blocks)], 1.0)
+        yield from (running, waiting, kv, gpu, pre, info)
+
+
+ENGINES = EngineStates()
+REGISTRY.register(ENGINES)
 
 
 class PrefixCacheCounters(Collector):
@@ -81,8 +159,16 @@ PREFIX_CACHE = PrefixCacheCounters()
 REGISTRY.register(PREFIX_CACHE)
 
 # --- sloserve's own ------------------------------------------------------------------------
-SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO outcome "
-                       "(attainment = met / all)", M + ["slo_met"])
+# the gateway's own view of its requests in flight, by whether a token came out yet: not the
+# instances' queues (those are vllm:num_requests_running / _waiting per engine), so its own
+# names, never summed with them
+GATEWAY_RUNNING = Gauge("sloserve:gateway_requests_running", "Requests in flight at the "
+                        "gateway with at least one token out", M)
+GATEWAY_WAITING = Gauge("sloserve:gateway_requests_waiting", "Requests in flight at the "
+                        "gateway with no token out yet", M)
+SLO_REQUESTS = Counter("sloserve:slo_requests", "Finished requests by SLO class (the SLOs "
+                       "it carries: slo_class) and outcome (attainment = met / all)",
+                       M + ["slo_class", "slo_met"])
 GOODPUT_TOKENS = Counter("sloserve:goodput_tokens", "Output tokens of requests that met "
                          "every SLO (rate(): goodput)", M)
 OFFLOADS = Counter("sloserve:offloads", "Requests moved to another instance", M)
@@ -101,6 +187,14 @@ PERF_FIT_MAPE = Gauge("sloserve:perf_model_fit_mape", "The latest fit's mean abs
 PERF_ERROR = Histogram(
     "sloserve:perf_model_relative_error", "|predicted - measured| / measured batch time",
     M, buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0, 2.0))
+
+
+def slo_class(has_ttft: bool, has_tbt: bool, has_jct: bool) -> str:
+    """A request's SLO class, ``sloserve:slo_requests``' label: the SLOs it carries, joined
+    by ``+`` (``ttft+tbt``), ``none`` without any (bounded: 8 values, whatever clients send;
+    issue 35, item 3: attainment per class)."""
+    kinds = [k for k, on in (("ttft", has_ttft), ("tbt", has_tbt), ("jct", has_jct)) if on]
+    return "+".join(kinds) or "none"
 
 
 def drop_label(reason: str) -> str:

@@ -83,6 +83,8 @@ class TokenEvent(_message.Message):
     TIME_FIELD_NUMBER: _builtins.int
     FINISHED_FIELD_NUMBER: _builtins.int
     STOPPED_FIELD_NUMBER: _builtins.int
+    QUEUE_TIME_FIELD_NUMBER: _builtins.int
+    PREFILL_TIME_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """0 = first output token; duplicates after a restart are dropped"""
@@ -92,6 +94,12 @@ class TokenEvent(_message.Message):
     finished: _builtins.bool
     stopped: _builtins.bool
     """ended early by the executor (EOS / stop)"""
+    queue_time: _builtins.float
+    """index 0 only (issue 35, item 3: the API port's vllm:request_queue_time_seconds and
+    vllm:request_prefill_time_seconds): arrival to first scheduling, first scheduling to
+    this token, on the scheduler's clock
+    """
+    prefill_time: _builtins.float
     def __init__(
         self,
         *,
@@ -101,10 +109,12 @@ class TokenEvent(_message.Message):
         time: _builtins.float = ...,
         finished: _builtins.bool = ...,
         stopped: _builtins.bool = ...,
+        queue_time: _builtins.float = ...,
+        prefill_time: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "index", b"index", "request_id", b"request_id", "stopped", b"stopped", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "index", b"index", "prefill_time", b"prefill_time", "queue_time", b"queue_time", "request_id", b"request_id", "stopped", b"stopped", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -146,6 +156,11 @@ class InstanceState(_message.Message):
     DECLINES_TICKET_FIELD_NUMBER: _builtins.int
     PREFIX_QUERY_TOKENS_FIELD_NUMBER: _builtins.int
     PREFIX_HIT_TOKENS_FIELD_NUMBER: _builtins.int
+    NUM_RUNNING_FIELD_NUMBER: _builtins.int
+    NUM_WAITING_FIELD_NUMBER: _builtins.int
+    KV_USED_BLOCKS_FIELD_NUMBER: _builtins.int
+    KV_NUM_BLOCKS_FIELD_NUMBER: _builtins.int
+    NUM_PREEMPTIONS_FIELD_NUMBER: _builtins.int
     instance_id: _builtins.str
     num_waiting_prefills: _builtins.int
     time: _builtins.float
@@ -156,6 +171,15 @@ class InstanceState(_message.Message):
     (vLLM's vllm:prefix_cache_queries / vllm:prefix_cache_hits; issue 33, item 4)
     """
     prefix_hit_tokens: _builtins.int
+    num_running: _builtins.int
+    """the instance's queues, KV blocks and preemptions since start, exported per engine on the
+    API port (vllm:num_requests_running / _waiting, kv_cache_usage_perc, num_preemptions;
+    issue 35, item 3)
+    """
+    num_waiting: _builtins.int
+    kv_used_blocks: _builtins.int
+    kv_num_blocks: _builtins.int
+    num_preemptions: _builtins.int
     def __init__(
         self,
         *,
@@ -165,10 +189,15 @@ class InstanceState(_message.Message):
         declines_ticket: _builtins.bool = ...,
         prefix_query_tokens: _builtins.int = ...,
         prefix_hit_tokens: _builtins.int = ...,
+        num_running: _builtins.int = ...,
+        num_waiting: _builtins.int = ...,
+        kv_used_blocks: _builtins.int = ...,
+        kv_num_blocks: _builtins.int = ...,
+        num_preemptions: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["declines_ticket", b"declines_ticket", "instance_id", b"instance_id", "num_waiting_prefills", b"num_waiting_prefills", "prefix_hit_tokens", b"prefix_hit_tokens", "prefix_query_tokens", b"prefix_query_tokens", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["declines_ticket", b"declines_ticket", "instance_id", b"instance_id", "kv_num_blocks", b"kv_num_blocks", "kv_used_blocks", b"kv_used_blocks", "num_preemptions", b"num_preemptions", "num_running", b"num_running", "num_waiting", b"num_waiting", "num_waiting_prefills", b"num_waiting_prefills", "prefix_hit_tokens", b"prefix_hit_tokens", "prefix_query_tokens", b"prefix_query_tokens", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from sloserve.services import metrics
-from sloserve.services.proto import common_pb2
+from sloserve.services.proto import common_pb2, scheduler_pb2
 
 
 class StopStrings:
@@ -53,17 +53,27 @@ class Timeline:
     model: str
     arrival: float
     prompt_tokens: int
+    max_tokens: int = 0
     token_times: list[float] = field(default_factory=list)
+    engine: str = ""  # the instance of the latest token (vLLM's ``engine`` label)
+    prefill_time: float = 0.0  # first scheduling to first token, as its scheduler said
 
-    def token(self, t: float) -> None:
-        m = self.model
+    def token(self, t: float, engine: str, ev: scheduler_pb2.TokenEvent) -> None:
+        """Token ``ev`` left at ``t`` from instance ``engine``: its first carries the
+        request's queue and prefill time on that instance (issue 35, item 3)."""
+        m, self.engine = self.model, engine
         if self.token_times:
-            metrics.ITL.labels(m).observe(t - self.token_times[-1])
+            itl = t - self.token_times[-1]
+            metrics.ITL.labels(m, engine).observe(itl)
+            metrics.TPOT.labels(m, engine).observe(itl)
         else:
-            metrics.TTFT.labels(m).observe(t - self.arrival)
-            metrics.PROMPT_TOKENS.labels(m).inc(self.prompt_tokens)
+            metrics.TTFT.labels(m, engine).observe(t - self.arrival)
+            metrics.PROMPT_TOKENS.labels(m, engine).inc(self.prompt_tokens)
+            metrics.REQUEST_QUEUE_TIME.labels(m, engine).observe(ev.queue_time)
+            metrics.PREFILL_TIME.labels(m, engine).observe(ev.prefill_time)
+            self.prefill_time = ev.prefill_time
         self.token_times.append(t)
-        metrics.GENERATION_TOKENS.labels(m).inc()
+        metrics.GENERATION_TOKENS.labels(m, engine).inc()
 
     @property
     def ttft(self) -> float | None:
@@ -90,15 +100,27 @@ class Timeline:
         """Metrics and the one log line of a request that ended (any way); ``drop_reason``:
         what the scheduler said of a dropped one."""
         m, n = self.model, len(self.token_times)
+        cls = metrics.slo_class(spec.HasField("ttft_slo"), spec.HasField("tbt_slo"),
+                                spec.HasField("jct_slo"))
         met = finish_reason in ("stop", "length") and self.slo_met(spec)
         if finish_reason in ("stop", "length"):
-            metrics.E2E.labels(m).observe(self.token_times[-1] - self.arrival)
-            metrics.REQUEST_SUCCESS.labels(m, finish_reason).inc()
-            metrics.SLO_REQUESTS.labels(m, str(met).lower()).inc()
+            e = self.engine or instance
+            decode = self.token_times[-1] - self.token_times[0]
+            metrics.E2E.labels(m, e).observe(self.token_times[-1] - self.arrival)
+            metrics.REQUEST_SUCCESS.labels(m, e, finish_reason).inc()
+            metrics.DECODE_TIME.labels(m, e).observe(decode)
+            metrics.INFERENCE_TIME.labels(m, e).observe(self.prefill_time + decode)
+            metrics.REQUEST_PROMPT_TOKENS.labels(m, e).observe(self.prompt_tokens)
+            metrics.REQUEST_GENERATION_TOKENS.labels(m, e).observe(n)
+            metrics.REQUEST_MAX_GENERATION_TOKENS.labels(m, e).observe(n)
+            metrics.REQUEST_MAX_TOKENS.labels(m, e).observe(self.max_tokens)
+            if n > 1:
+                metrics.REQUEST_TPOT.labels(m, e).observe(decode / (n - 1))
+            metrics.SLO_REQUESTS.labels(m, cls, str(met).lower()).inc()
             if met:
                 metrics.GOODPUT_TOKENS.labels(m).inc(n)
         elif finish_reason == "dropped":  # attainment is met / all, as summarize counts it:
-            metrics.SLO_REQUESTS.labels(m, "false").inc()  # a drop never meets its SLOs
+            metrics.SLO_REQUESTS.labels(m, cls, "false").inc()  # a drop never meets its SLOs
         log.info("request", request_id=spec.request_id, instance=instance, policy=policy,
                  prompt_tokens=self.prompt_tokens, output_tokens=n,
                  ttft_s=_r(self.ttft), mean_tbt_s=_r(self.mean_tbt), slo_met=met,

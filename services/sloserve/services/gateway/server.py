@@ -132,6 +132,10 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
         self.prefix_cache: dict[str, tuple[int, int]] = {iid: (0, 0) for iid in statuses}
+        # instance -> its queues, KV and preemptions as its scheduler last reported (/metrics)
+        self.engines = {iid: metrics.EngineState(
+            kv_num_blocks=st.executor.kv_capacity_blocks, block_size=st.executor.block_size)
+            for iid, st in statuses.items()}
         # prefix-aware routing: requests get a prefix identity, one id per KV block, as
         # the schedulers give them (routing_prefix; None: round-robin)
         self.hash_unit = first.block_size if controller.prefix_router is not None else None
@@ -146,9 +150,10 @@ class GatewayService(gateway_grpc.GatewayServicer):
                         for iid, addr in addresses.items()}
         metrics.OFFLOADS.labels(self.model)  # exported from the start, at 0
         metrics.PREFIX_CACHE.source = lambda: (self.model, self.prefix_cache)
-        metrics.RUNNING.labels(self.model).set_function(
+        metrics.ENGINES.source = lambda: (self.model, self.engines)
+        metrics.GATEWAY_RUNNING.labels(self.model).set_function(
             lambda: sum(1 for f in self.flights.values() if f.spec.generated_token_ids))
-        metrics.WAITING.labels(self.model).set_function(
+        metrics.GATEWAY_WAITING.labels(self.model).set_function(
             lambda: sum(1 for f in self.flights.values() if not f.spec.generated_token_ids))
 
     # --- carrying out the controller's decisions ---------------------------------
@@ -209,6 +214,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills, now,
                                        offers_ticket=not s.declines_ticket)
             self.prefix_cache[instance_id] = (s.prefix_query_tokens, s.prefix_hit_tokens)
+            self.engines[instance_id] = metrics.EngineState(
+                s.num_running, s.num_waiting, s.kv_used_blocks, s.kv_num_blocks,
+                s.num_preemptions, self.engines[instance_id].block_size)
         self.output_seqs[instance_id] = out.seq  # applied (InstanceInfo.output_seq)
 
     def on_health(self, instance_id: str, serving: bool) -> None:
@@ -279,7 +287,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
-        timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids))
+        timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids),
+                            spec.max_tokens)
         reason, sched_done, why = "abort", False, ""
         try:
             while True:
@@ -298,7 +307,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if last:
                     reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
                 t = time.time()
-                timeline.token(t)
+                timeline.token(t, f.instance_id, ev)
                 yield gateway_pb2.GenerateChunk(
                     request_id=rid, index=ev.index, token_id=ev.token_id, text=text, time=t,
                     arrival_time=spec.arrival_time, finish_reason=reason if last else "",

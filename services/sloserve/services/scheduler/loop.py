@@ -104,7 +104,7 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     if report is None:
         return
     out, events, stopped = report
-    tokens_to_proto(events, stopped, out)
+    tokens_to_proto(events, stopped, out, svc.instance.requests)
     if events:
         svc.store.append_tokens({ev.request_id: ev.token_id for ev in events})
         for rid in [ev.request_id for ev in events if ev.finished]:
@@ -189,30 +189,14 @@ async def _send(svc: SchedulerService, call: Any, plan: BatchPlan, now: float) -
 
 
 class _Families:
-    """The vLLM-named scheduler families (``services.metrics``), for both loops."""
+    """The scheduler's own families (``services.metrics``), for both loops. Its queues, KV
+    usage, preemptions and queue times reach the API port in ``InstanceState`` and the first
+    ``TokenEvent`` (issue 35, item 3), not this port."""
 
     def __init__(self, svc: SchedulerService) -> None:
-        model, self.inst = svc.executor.model, svc.instance
-        self.waiting, self.running = metrics.WAITING.labels(model), metrics.RUNNING.labels(model)
-        self.kv, self.pre = metrics.KV_USAGE.labels(model), metrics.PREEMPTIONS.labels(model)
-        self.queue = metrics.REQUEST_QUEUE_TIME.labels(model)
-        self.err = metrics.PERF_ERROR.labels(model)
-        self.preemptions = self.inst.num_preemptions
-
-    def scheduled(self, plan: BatchPlan, now: float) -> None:
-        """Requests this plan schedules first: their queue time is known."""
-        for item in plan.items:
-            r = self.inst.requests.get(item.request_id)
-            if r is not None and r.first_scheduled_time == now:
-                self.queue.observe(max(0.0, now - r.arrival_time))
+        self.err = metrics.PERF_ERROR.labels(svc.executor.model)
 
     def landed(self, predicted_s: float, duration_s: float) -> None:
-        inst = self.inst
-        self.waiting.set(len(inst.waiting))
-        self.running.set(len(inst.running))
-        self.kv.set(inst.kv.num_used_blocks / inst.kv.num_blocks)
-        self.pre.inc(inst.num_preemptions - self.preemptions)
-        self.preemptions = inst.num_preemptions
         if duration_s > 0:
             self.err.observe(abs(predicted_s - duration_s) / duration_s)
 
@@ -319,7 +303,6 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             if flight is not None:
                 report, flight = await landed(flight), None
             flight = _Sent(driver.launch(plan, now, now + predicted), predicted, after_idle)
-            fam.scheduled(plan, now)
             after_idle = False
             if not svc.overlap:  # serial: the result lands before the next decision
                 report, flight = await landed(flight), None
