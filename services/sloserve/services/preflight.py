@@ -175,11 +175,11 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
     flag = "--redis-url" if explicit else "$REDIS_URL"
     import redis
 
+    from sloserve.services.redisconn import sync_client
     from sloserve.services.up_cmd import _masked as masked
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
-                                      socket_timeout=timeout)
+        client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     except ValueError as exc:
         raise ValueError(f"{flag}: cannot parse {masked(url)!r}: {exc}") from None
     try:
