@@ -7,6 +7,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -95,12 +96,15 @@ class SentinelRedis:
                 f"sentinel parallel-syncs {self.master_name} 1\n")
             self._spawn(port, str(conf), "--sentinel")
         deadline = time.monotonic() + timeout
-        self._wait(lambda: redis.Redis(port=replica).info("replication")
-                   .get("master_link_status") == "up", deadline, "the replica's sync")
+        def synced() -> bool:
+            with redis.Redis(port=replica, decode_responses=True) as r:
+                info: Any = r.info("replication")
+                return bool(info.get("master_link_status") == "up")
+        self._wait(synced, deadline, "the replica's sync")
         for port in self.sentinel_ports:  # each sees the replica and the other sentinels
             def ready(port: int = port) -> bool:
-                m = redis.Redis(port=port, decode_responses=True).sentinel_master(
-                    self.master_name)
+                with redis.Redis(port=port, decode_responses=True) as r:
+                    m: Any = r.sentinel_master(self.master_name)
                 return bool(int(m["num-slaves"]) >= 1
                             and int(m["num-other-sentinels"]) >= len(self.sentinel_ports) - 1)
             self._wait(ready, deadline, f"sentinel {port}")
@@ -121,8 +125,9 @@ class SentinelRedis:
         """The master the sentinels name now."""
         for port in self.sentinel_ports:
             try:
-                host, p = redis.Redis(port=port).sentinel_get_master_addr_by_name(
-                    self.master_name)
+                with redis.Redis(port=port) as r:
+                    addr: Any = r.sentinel_get_master_addr_by_name(self.master_name)
+                host, p = addr
                 return str(host.decode() if isinstance(host, bytes) else host), int(p)
             except (redis.RedisError, TypeError):
                 continue
