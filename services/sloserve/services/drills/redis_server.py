@@ -108,6 +108,10 @@ class SentinelRedis:
                 return bool(int(m["num-slaves"]) >= 1
                             and int(m["num-other-sentinels"]) >= len(self.sentinel_ports) - 1)
             self._wait(ready, deadline, f"sentinel {port}")
+        for port, proc in self.procs.items():  # another process on a port we drew: say so
+            if proc.poll() is not None:
+                log = (self.workdir / f"redis-{port}.log").read_text(errors="replace")
+                raise RuntimeError(f"redis-server on port {port} exited: {log[-500:]}")
 
     @staticmethod
     def _wait(ok: Callable[[], bool], deadline: float, what: str) -> None:
