@@ -174,16 +174,20 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
         return  # embedded
     flag = "--redis-url" if explicit else "$REDIS_URL"
     import redis
+    from redis.sentinel import MasterNotFoundError
 
+    from sloserve.services.redisconn import sync_client
     from sloserve.services.up_cmd import _masked as masked
 
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout,
-                                      socket_timeout=timeout)
+        client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
     except ValueError as exc:
         raise ValueError(f"{flag}: cannot parse {masked(url)!r}: {exc}") from None
     try:
         client.ping()
+    except MasterNotFoundError:  # its message is the sentinel client's repr: say it plainly
+        raise ValueError(f"{flag}: cannot reach {masked(url)} within {timeout:.0f}s: no "
+                         "sentinel answered with the master's address") from None
     except redis.AuthenticationError as exc:
         raise ValueError(f"{flag}: {masked(url)} refused the password: {exc}") from None
     except (redis.RedisError, OSError) as exc:

@@ -255,6 +255,7 @@ def service_parser(
 ) -> argparse.ArgumentParser:
     """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
     from sloserve.services.argtypes import DefaultsHelpFormatter
+    from sloserve.services.redisconn import url_arg
     from sloserve.services.store import DEFAULT_REDIS_URL, redis_url
 
     p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}",
@@ -268,8 +269,10 @@ def service_parser(
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="default $SLOSERVE_LOG_LEVEL, else info")
     if redis:
-        p.add_argument("--redis-url", default=redis_url() or DEFAULT_REDIS_URL,
-                       help="default $REDIS_URL (a password stays off the command line)")
+        p.add_argument("--redis-url", default=redis_url() or DEFAULT_REDIS_URL, type=url_arg,
+                       help="redis://, rediss:// or redis+sentinel://HOST:PORT[,HOST:PORT"
+                       "...]/MASTER_NAME/DB; default $REDIS_URL (a password stays off the "
+                       "command line)")
         p.add_argument("--prefix", default="sloserve")
     return p
 

@@ -36,6 +36,7 @@ from typing import Any
 from sloserve.deployment import Deployment
 from sloserve.request import Request
 from sloserve.services import deployment_flags
+from sloserve.services.redisconn import url_arg
 
 DEADLINE_S = 120.0  # per request, beyond its own generation time
 
@@ -53,7 +54,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sample-every", type=float, default=5.0, help="RSS sampling period, s")
     p.add_argument("--warmup", type=float, default=None,
                    help="s before the RSS baseline (default 20%% of --duration)")
-    p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
+    p.add_argument("--redis-url", default=None, type=url_arg,
+                   help="redis://, rediss:// or redis+sentinel://HOST:PORT[,HOST:PORT...]"
+                   "/MASTER_NAME/DB; default $REDIS_URL, else embedded")
     p.add_argument("--log-dir", default=None)
     p.add_argument("--out", default=None, help="write the JSON report here too")
 

@@ -433,9 +433,9 @@ class Stack:
             self._forget_keys()  # a random prefix can never be resumed: leave Redis clean
 
     def _forget_keys(self) -> None:
-        import redis
+        from sloserve.services.redisconn import sync_client
 
-        r = redis.Redis.from_url(self.redis_url)
+        r = sync_client(self.redis_url)
         keys = list(r.scan_iter(f"{self.prefix}:*", count=1000))
         for k in range(0, len(keys), 1000):
             r.delete(*keys[k:k + 1000])

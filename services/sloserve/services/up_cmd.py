@@ -29,6 +29,7 @@ from sloserve.services import admission_flags, deployment_flags
 from sloserve.services.argtypes import number
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
+from sloserve.services.redisconn import url_arg
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
 from sloserve.services.supervisor import Policy, Supervisor
 from sloserve.services.tls import TLS_CA_ENV, ServerTLS, check_bind
@@ -72,7 +73,9 @@ def add_parser(subparsers: Any) -> None:
                    help="the gateway's OpenAI-compatible HTTP API (0: off)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
-    p.add_argument("--redis-url", default=None, help="default $REDIS_URL, else embedded")
+    p.add_argument("--redis-url", default=None, type=url_arg,
+                   help="redis://, rediss:// or redis+sentinel://HOST:PORT[,HOST:PORT...]"
+                   "/MASTER_NAME/DB; default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
     p.add_argument("--dtype", default=None,
                    help="torch/vllm executors: float32 | bfloat16 | float16 (default: backend's)")
@@ -124,19 +127,15 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
 
 
 def _masked(url: str) -> str:
-    """``url`` with its password (if any) replaced by ``***``."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    u = urlsplit(url)
-    if not u.password:
+    """``url`` with its password (if any) replaced by ``***`` (any scheme, also a
+    sentinel URL's list of hosts)."""
+    scheme, sep, rest = url.partition("://")
+    netloc, slash, path = rest.partition("/")
+    userinfo, at, hosts = netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if not (sep and at and colon and password):
         return url
-    host = u.hostname or ""
-    try:
-        port = u.port
-    except ValueError:  # an unparsable port: show none rather than fail on the message
-        port = None
-    netloc = f"{u.username or ''}:***@{host}" + (f":{port}" if port else "")
-    return urlunsplit(u._replace(netloc=netloc))
+    return f"{scheme}://{user}:***@{hosts}{slash}{path}"
 
 
 def slo_defaults(ttft: float | None, tbt: float | None) -> str:
