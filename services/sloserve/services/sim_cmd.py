@@ -215,8 +215,9 @@ COMPARE_LEGEND = (
     "baselines, labelled); goodput_share = requests meeting every SLO (the figure to "
     "compare); ttft_* = time to first token, s; tbt_token_p99 = P99 gap between tokens, s; "
     "mean_tbt_p99 = P99 of each request's mean gap, s; token_criterion_share = tokens on "
-    "time; throughput_tok_s = tokens/s; sim_wall_s = the simulator's own time "
-    "(docs/simulate.md)")
+    "time; dropped, drop_share = requests a policy refused or gave up (misses); served_rps = "
+    "completed requests/s; throughput_tok_s = tokens/s; sim_wall_s = the simulator's own "
+    "time (docs/simulate.md)")
 
 
 def _clean(x: Any) -> Any:
