@@ -174,13 +174,16 @@ def check_redis(explicit: str | None, timeout: float = REDIS_TIMEOUT_S) -> None:
         return  # embedded
     flag = "--redis-url" if explicit else "$REDIS_URL"
     import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
     from redis.sentinel import MasterNotFoundError
 
     from sloserve.services.redisconn import sync_client
     from sloserve.services.up_cmd import _masked as masked
 
-    try:
-        client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout)
+    try:  # one attempt (redis-py retries with backoff by default: seconds for a dead sentinel)
+        client = sync_client(url, socket_connect_timeout=timeout, socket_timeout=timeout,
+                             retry=Retry(NoBackoff(), 0))
     except ValueError as exc:
         raise ValueError(f"{flag}: cannot parse {masked(url)!r}: {exc}") from None
     try:

@@ -93,16 +93,19 @@ class SentinelURL:
             db = int(parts[1])
         return cls(sentinels, unquote(parts[0]), db, username, password)
 
-    def _kwargs(self) -> dict[str, Any]:
+    def _kwargs(self, retry: Any) -> dict[str, Any]:
+        # one attempt per sentinel per ask (``retry``: redis-py's default retries with
+        # backoff would spend seconds on a dead one before the next is asked; our loops
+        # own retries)
         return {"sentinel_kwargs": {"socket_connect_timeout": SENTINEL_TIMEOUT_S,
-                                    "socket_timeout": SENTINEL_TIMEOUT_S},
+                                    "socket_timeout": SENTINEL_TIMEOUT_S, "retry": retry},
                 "db": self.db, "username": self.username, "password": self.password}
 
     def async_client(self, **kwargs: Any) -> aioredis.Redis:
         """The master's client (``redis.asyncio.sentinel``); ``kwargs`` as for any client."""
         from redis.asyncio.sentinel import Sentinel
 
-        kw = self._kwargs()
+        kw = self._kwargs(Retry(NoBackoff(), 0))
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             list(self.sentinels), sentinel_kwargs=kw.pop("sentinel_kwargs"))
         client: aioredis.Redis = sentinel.master_for(self.master, **kw, **kwargs)
@@ -110,9 +113,10 @@ class SentinelURL:
 
     def sync_client(self, **kwargs: Any) -> redis.Redis:
         """The same, synchronous (``redis.sentinel``)."""
+        from redis.retry import Retry as SyncRetry
         from redis.sentinel import Sentinel
 
-        kw = self._kwargs()
+        kw = self._kwargs(SyncRetry(NoBackoff(), 0))
         sentinel = Sentinel(  # type: ignore[no-untyped-call]
             list(self.sentinels), sentinel_kwargs=kw.pop("sentinel_kwargs"))
         client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
