@@ -37,8 +37,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 import redis  # noqa: E402
 
-from sloserve.client import Chunk, Client  # noqa: E402
+from sloserve.client import Client  # noqa: E402
 from sloserve.services.drills.redis_server import ThrowawayRedis  # noqa: E402
+from sloserve.services.drills.streams import start_streams  # noqa: E402
 from sloserve.services.executor.backends import pseudo_token  # noqa: E402
 from sloserve.services.store import Keys  # noqa: E402
 
@@ -106,28 +107,10 @@ def main() -> None:
         if not ready.wait(120):
             raise RuntimeError(f"up not ready: {lines[-20:]}")
         client = Client(f"127.0.0.1:{gw_port}")
-        results: dict[int, list[Chunk]] = {}
-        errors: list[str] = []
-        started = threading.Barrier(STREAMS + 1)
-
-        def one(k: int) -> None:
-            try:
-                chunks: list[Chunk] = []
-                for c in client.generate(prompt_token_ids=[65 + k % 50] * (30 + 5 * k),
-                                         max_tokens=tokens, ttft_slo=60.0, tbt_slo=60.0,
-                                         request_id=f"outage-{k}", timeout=600):
-                    if not chunks:
-                        started.wait(timeout=60)
-                    chunks.append(c)
-                results[k] = chunks
-            except BaseException as exc:  # noqa: BLE001 - counted as lost
-                errors.append(f"outage-{k}: {exc!r}")
-
-        threads = [threading.Thread(target=one, args=(k,)) for k in range(STREAMS)]
         t_start = time.monotonic()
-        for t in threads:
-            t.start()
-        started.wait(timeout=120)
+        streams = start_streams(client, STREAMS, tokens, "outage", timeout=600,
+                                first_token_s=120)
+        results, threads = streams.results, streams.threads
         assert server.proc is not None
         if a.mode == "kill":
             server.kill()
@@ -160,7 +143,7 @@ def main() -> None:
                  and [c.token_id for c in ch] == [pseudo_token(f"outage-{k}", i)
                                                   for i in range(tokens)]]
         res.update(completed=len(results), exact=len(exact), lost=STREAMS - len(exact),
-                   errors=errors[:5])
+                   errors=[repr(e) for e in streams.errors[:5]])
         client.close()
         res["up_running"] = up.poll() is None
         res["supervisor_lines"] = [ln for _, ln in lines if "supervisor" in ln][:20]

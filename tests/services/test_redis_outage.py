@@ -5,7 +5,6 @@ requests are served while it is down and right after it returns (docs/reliabilit
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ import redis
 
 from sloserve.client import Chunk, Client
 from sloserve.services.drills.redis_server import ThrowawayRedis
+from sloserve.services.drills.streams import start_streams
 from sloserve.services.executor.backends import pseudo_token
 from sloserve.services.stack import Stack
 from sloserve.services.store import Keys
@@ -42,25 +42,8 @@ def run_outage(stack: Stack, server: ThrowawayRedis, outage_s: float, n: int = 5
     (it comes back empty: no persistence), then started again on the same port."""
     client = Client(stack.gateway)
     run = OutageRun()
-    started = threading.Barrier(n + 1)
-
-    def one(k: int) -> None:
-        try:
-            chunks: list[Chunk] = []
-            for c in client.generate(prompt_token_ids=[65 + k % 50] * (30 + 5 * k),
-                                     max_tokens=max_tokens, ttft_slo=60.0, tbt_slo=60.0,
-                                     request_id=f"outage-{k}", timeout=300):
-                if not chunks:
-                    started.wait(timeout=60)
-                chunks.append(c)
-            run.results[k] = chunks
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            run.errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    started.wait(timeout=60)
+    streams = start_streams(client, n, max_tokens, "outage")
+    run.results, run.errors = streams.results, streams.errors
     server.kill()
     t_down = time.monotonic()
     run.during_s = _short(client, "while-down")
@@ -75,8 +58,7 @@ def run_outage(stack: Stack, server: ThrowawayRedis, outage_s: float, n: int = 5
     if r.zcard(queue):
         run.durable_after_s = time.monotonic() - t_up
     r.close()
-    for t in threads:
-        t.join(timeout=300)
+    streams.join()
     return run
 
 

@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from sloserve.client import Chunk, Client
+from sloserve.client import Client
 from sloserve.services.drills.redis_server import SentinelRedis
+from sloserve.services.drills.streams import start_streams
 from sloserve.services.executor.backends import pseudo_token
 from sloserve.services.preflight import check_redis
 from sloserve.services.redisconn import SentinelURL, sync_client
@@ -92,27 +92,8 @@ def test_master_sigkilled_under_50_streams_fails_over_with_nothing_lost(
                         time_scale=3.0)
     n, max_tokens = 50, 150
     client = Client(stack.gateway)
-    results: dict[int, list[Chunk]] = {}
-    errors: list[BaseException] = []
-    started = threading.Barrier(n + 1)
-
-    def one(k: int) -> None:
-        try:
-            chunks: list[Chunk] = []
-            for c in client.generate(prompt_token_ids=[65 + k % 50] * (30 + 5 * k),
-                                     max_tokens=max_tokens, ttft_slo=60.0, tbt_slo=60.0,
-                                     request_id=f"failover-{k}", timeout=300):
-                if not chunks:
-                    started.wait(timeout=60)
-                chunks.append(c)
-            results[k] = chunks
-        except BaseException as exc:  # noqa: BLE001 - asserted below
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    started.wait(timeout=60)
+    streams = start_streams(client, n, max_tokens, "failover")
+    results, errors = streams.results, streams.errors
     old = sentinels.kill_master()
     t_kill = time.monotonic()
     # a new request, made right after the kill: served at once (from memory) ...
@@ -138,8 +119,7 @@ def test_master_sigkilled_under_50_streams_fails_over_with_nothing_lost(
           f"its state on the promoted master ({new[1]}, was {old}) {durable_s:.2f} s after")
     client.cancel("failover-probe")  # cleanup: the probe has done its part
     probe.close()
-    for t in threads:
-        t.join(timeout=300)
+    streams.join()
 
     assert new[1] != old
     assert served_s < RECOVER_S

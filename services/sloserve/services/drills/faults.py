@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sloserve.client import Chunk, Client
+from sloserve.services.drills.streams import start_streams
 from sloserve.services.proto import SERVICE_NAMES
 from sloserve.services.stack import Stack
 
@@ -81,25 +81,8 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
     logs = stack.cfg.log_dir
     client = Client(stack.gateway)
     run = FaultRun()
-    started = threading.Barrier(n + 1)
-
-    def one(k: int) -> None:
-        try:
-            chunks: list[Chunk] = []
-            for c in client.generate(prompt_token_ids=[65 + k % 50] * (30 + 5 * k),
-                                     max_tokens=max_tokens, ttft_slo=60.0, tbt_slo=60.0,
-                                     request_id=f"fault-{k}", timeout=300):
-                if not chunks:
-                    started.wait(timeout=60)
-                chunks.append(c)
-            run.results[k] = chunks
-        except BaseException as exc:  # noqa: BLE001 - reported by the caller
-            run.errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(k,)) for k in range(n)]
-    for t in threads:
-        t.start()
-    started.wait(timeout=60)
+    streams = start_streams(client, n, max_tokens, "fault")
+    run.results, run.errors = streams.results, streams.errors
     time.sleep(0.3)
     proc = stack.services[f"executor-{LOST}"].proc
     assert proc is not None
@@ -135,6 +118,5 @@ def run_fault(stack: Stack, fault: str, hold_s: float, n: int = 50,
     run.rejoin_s = float(back["at"]) - t_back  # type: ignore[arg-type]
     run.after_back = [short_stream(client, f"back-{k}", 3)[-1].instance_id for k in range(6)]
     run.health.append(_health(stack))
-    for t in threads:
-        t.join(timeout=300)
+    streams.join()
     return run
