@@ -7,6 +7,7 @@ from helpers import req
 
 from sloserve.controller import (
     DROP_BY_POLICY,
+    DROP_LEFT,
     DROP_NO_HP,
     Controller,
     Dispatch,
@@ -157,3 +158,45 @@ def test_bad_configuration_and_reports_are_rejected_by_name() -> None:
         c.on_instance_state("hp0", -1, 0.0)
     with pytest.raises(ValueError, match="instance_id.*'zz'"):
         c.on_instance_lost("zz", 0.0)
+
+
+def test_a_joined_instance_takes_new_work_in_its_role_pool() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    route(c, "t")  # the HP's ticket is taken
+    c.on_instance_joined("lp1", "lp", 1.0)
+    assert [route(c, f"r{i}", 1.0) for i in range(4)] == ["lp0", "lp1", "lp0", "lp1"]
+    c.on_instance_joined("hp1", "hp", 1.0)
+    assert route(c, "u", 1.1) == "hp1"  # a joined HP offers a ticket at once
+    with pytest.raises(ValueError, match="instance_id.*'lp1'.*already"):
+        c.on_instance_joined("lp1", "lp", 1.2)
+    with pytest.raises(ValueError, match="role"):
+        c.on_instance_joined("x", "mid", 1.2)
+
+
+def test_a_left_instance_reruns_its_requests_elsewhere_and_is_forgotten() -> None:
+    c = Controller(LP3, record=True)
+    placed = {f"r{i}": route(c, f"r{i}") for i in range(6)}
+    actions = c.on_instance_left("lp1", 1.0)
+    moved = {a.request_id: a.instance_id for a in actions if isinstance(a, Dispatch)}
+    assert set(moved) == {r for r, i in placed.items() if i == "lp1"}
+    assert all(a.cause == "rerun" for a in actions if isinstance(a, Dispatch))
+    assert "lp1" not in moved.values() and "lp1" not in c.waiting_prefills
+    assert "lp1" not in {route(c, f"n{i}", 1.1) for i in range(6)}
+    with pytest.raises(ValueError, match="instance_id.*'lp1'"):
+        c.on_instance_state("lp1", 0, 1.2)
+    c.on_instance_joined("lp1", "lp", 2.0)  # the same id may join again
+    assert "lp1" in {route(c, f"m{i}", 2.1) for i in range(3)}
+
+
+def test_the_last_instance_leaving_drops_its_requests_with_the_reason() -> None:
+    c = Controller([("lp0", "lp"), ("hp0", "hp")])
+    route(c, "a")  # ticket: hp0
+    route(c, "b")  # lp0
+    c.on_instance_left("lp0", 1.0)  # b re-runs on hp0
+    assert c.location == {"a": "hp0", "b": "hp0"}
+    actions = c.on_instance_left("hp0", 1.1)
+    assert sorted(actions, key=lambda a: a.request_id) == [Drop("a", DROP_LEFT),
+                                                           Drop("b", DROP_LEFT)]
+    assert c.location == {} and isinstance(c.admit(req("c", 10), 1.2), Drop)
+    c.on_instance_joined("hp1", "hp", 2.0)
+    assert route(c, "d", 2.0) == "hp1"

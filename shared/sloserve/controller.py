@@ -28,6 +28,10 @@ Rules:
   (prefill restarts; decodes resume by recomputing prompt + generated tokens).
   With no healthy instance left they stay where they are and resume when it
   comes back (dropping accepted work would turn a pause into a loss).
+* Membership changes (issue 34, item 2: the instance registry): a joined instance
+  takes work at once in its role's pool; an instance that left is lost for good —
+  its requests re-run elsewhere as on a loss, those with nowhere to go end as drops
+  (it will not come back to resume them), and it is forgotten.
 
 Routing to an instance counts one more waiting prefill there until its next
 state report, so a stale report never lets two tickets out at once.
@@ -45,6 +49,7 @@ from sloserve.routing_prefix import PrefixRouter
 DROP_BY_POLICY = "dropped by the policy under overload (Ascendra §6.3)"
 DROP_NO_HP = "offloaded with no healthy HP instance to take it"
 DROP_NO_INSTANCE = "no healthy instance to run it"
+DROP_LEFT = "its instance left the deployment and no healthy instance remains"
 
 
 Cause = Literal["route", "ticket", "offload", "rerun"]
@@ -211,6 +216,41 @@ class Controller:
             raise ValueError(f"instance_id: unknown instance {instance_id!r}")
         self.healthy.add(instance_id)
         self.waiting_prefills[instance_id] = 0
+
+    def on_instance_joined(self, instance_id: str, role: str, now: float) -> None:
+        """A new instance registered (issue 34, item 2): it takes work from now on, in
+        the ``role`` (``"lp"`` or ``"hp"``) pool."""
+        if instance_id in self.waiting_prefills:
+            raise ValueError(f"instance_id: {instance_id!r} is already a member")
+        if role not in ("lp", "hp"):
+            raise ValueError(f"role: must be 'lp' or 'hp', got {role!r}")
+        (self.lp if role == "lp" else self.hp).append(instance_id)
+        if role == "hp":
+            self.ticket_holder[instance_id] = None
+        self.healthy.add(instance_id)
+        self.waiting_prefills[instance_id] = 0
+        self.offers_ticket[instance_id] = True
+        if self.prefix_router is not None:
+            self.prefix_router.add(instance_id)
+
+    def on_instance_left(self, instance_id: str, now: float) -> list[Action]:
+        """``instance_id`` left the deployment (deregistered, or its heartbeat expired):
+        the instance-lost transition re-runs its requests elsewhere; those with nowhere to
+        go are dropped, since it never comes back; then it is forgotten."""
+        actions = self.on_instance_lost(instance_id, now)
+        for rid in self.requests_on(instance_id):
+            self._leave_prefill(rid)
+            actions.append(self._drop(rid, DROP_LEFT))
+        for pool in (self.lp, self.hp):
+            if instance_id in pool:
+                pool.remove(instance_id)
+        del self.waiting_prefills[instance_id], self.offers_ticket[instance_id]
+        self.ticket_holder.pop(instance_id, None)
+        self._next_hp = self._next_hp % len(self.hp) if self.hp else 0
+        self._next_offload = self._next_offload % len(self.hp) if self.hp else 0
+        if self.prefix_router is not None:
+            self.prefix_router.remove(instance_id)
+        return actions
 
     # --- helpers --------------------------------------------------------------------
     def _offload_target(self) -> str | None:

@@ -41,6 +41,14 @@ class PrefixRouter:
         self._next = 0
         self.num_matched = 0  # requests sent to an instance that had some of their prefix
 
+    def add(self, instance_id: str) -> None:
+        """A new instance (it joined the deployment) with nothing cached yet."""
+        self._seen.setdefault(instance_id, OrderedDict())
+
+    def remove(self, instance_id: str) -> None:
+        """Forget an instance that left (and its cache)."""
+        self._seen.pop(instance_id, None)
+
     def match(self, instance_id: str, keys: Sequence[int]) -> int:
         seen, n = self._seen[instance_id], 0
         for k in keys:
