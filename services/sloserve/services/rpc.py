@@ -196,10 +196,14 @@ async def start_server(
 
 
 async def serve_until_signal(
-    server: grpc.aio.Server, tasks: Iterable[asyncio.Task[None]] = (), grace: float = 2.0
+    server: grpc.aio.Server,
+    tasks: Iterable[asyncio.Task[None]] = (),
+    grace: float = 2.0,
+    before_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
     """Run until SIGINT/SIGTERM or until one of ``tasks`` ends (its error is re-raised),
-    then stop accepting and drain for ``grace`` seconds."""
+    then stop accepting and drain for ``grace`` seconds. ``before_stop``: awaited first on
+    a signal, with ``tasks`` still running (a scheduler deregisters and drains, issue 34)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -210,6 +214,8 @@ async def serve_until_signal(
     if parent:
         watched.add(asyncio.create_task(_watch_parent(int(parent))))
     done, _ = await asyncio.wait({waiter, *watched}, return_when=asyncio.FIRST_COMPLETED)
+    if before_stop is not None and waiter in done:
+        await before_stop()
     for t in watched | {waiter}:
         t.cancel()
     await server.stop(grace)
@@ -256,11 +262,15 @@ def service_parser(
     """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
     from sloserve.services.argtypes import DefaultsHelpFormatter
     from sloserve.services.redisconn import url_arg
+    from sloserve.services.registry import DEFAULT_TTL_S
     from sloserve.services.store import DEFAULT_REDIS_URL, redis_url
 
     p = argparse.ArgumentParser(prog=f"python -m sloserve.services.{name}",
                                 formatter_class=DefaultsHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1", help="the address to bind")
+    p.add_argument("--advertise", default=None, metavar="HOST[:PORT]",
+                   help="the address others dial, registered in Redis (issue 34); default "
+                        "--host:--port (a wildcard --host: this machine's name)")
     if port is None:
         p.add_argument("--port", type=int, required=True)
     else:
@@ -274,6 +284,13 @@ def service_parser(
                        "...]/MASTER_NAME/DB; default $REDIS_URL (a password stays off the "
                        "command line)")
         p.add_argument("--prefix", default="sloserve")
+        p.add_argument(
+            "--registry-ttl",
+            type=float,
+            default=DEFAULT_TTL_S,
+            metavar="SECONDS",
+            help="the registry entry expires this long after the last heartbeat",
+        )
     return p
 
 

@@ -256,7 +256,7 @@ class Stack:
         # a vLLM executor answers Describe only once vLLM is imported and the model loaded
         budget = start_budget(c.backend)
         wait = ["--connect-timeout", str(budget)] if budget > DEFAULT_START_S else []
-        scheds = []
+        n = 0
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = self._port(h), self._port(h)
             ex = ["--backend", c.backend, "--model", c.model, "--gpu", c.gpu,
@@ -282,9 +282,11 @@ class Stack:
                 "--prefix-caching" if c.prefix_caching else "--no-prefix-caching",
                 *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
-            scheds += ["--scheduler", f"{iid}={h}:{ps}"]
-        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait, *scheds,
-              "--clock", c.clock, "--deployment", dep.to_json(), *self._decision_log("gateway")]
+            n += 1
+        # the gateway learns the schedulers from the registry in Redis, where each registers
+        # itself (issue 34, item 2); it serves once all of this stack's are known
+        gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait,
+              "--prefix", self.prefix, "--min-instances", str(n), "--clock", c.clock, "--deployment", dep.to_json(), *self._decision_log("gateway")]
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:

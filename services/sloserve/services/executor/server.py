@@ -25,6 +25,7 @@ from sloserve.services.executor.horizon import Horizon
 from sloserve.services.perfmodel import samples
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2
 from sloserve.services.redisconn import REDIS_ERRORS, Outage, connect
+from sloserve.services.registry import announce
 from sloserve.services.store import Keys
 
 FLUSH_INTERVAL_S = 0.1
@@ -255,7 +256,8 @@ async def serve(args: argparse.Namespace) -> None:
     await svc.publish_warmup()
     flusher = asyncio.create_task(svc.flush_forever())
     svc.log.info("serving", port=args.port, backend=args.backend, model=args.model)
-    await rpc.serve_until_signal(server, [flusher])
+    beat = await announce(redis, args, "executor", log=svc.log)  # the registry (issue 34)
+    await rpc.serve_until_signal(server, [flusher], before_stop=beat.leave)
     await redis.aclose()
 
 

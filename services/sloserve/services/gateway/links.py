@@ -35,6 +35,7 @@ class SchedulerLink:
         self._inflight, self._on_output = inflight, on_output
         self._q: asyncio.Queue[Msg | None] | None = None
         self.connected = False
+        self.closing = False  # the instance left: end the stream once its queue is sent
         self.stub = scheduler_grpc.SchedulerStub(rpc.channel(target))
         self.log = structlog.get_logger().bind(service="gateway", instance=instance_id)
 
@@ -46,9 +47,16 @@ class SchedulerLink:
         if self._q is not None:
             self._q.put_nowait(scheduler_pb2.SchedulerInput(cancel=request_id))
 
+    def close(self) -> None:
+        """The instance left the deployment: send what is queued, end the stream, and
+        reconnect no more."""
+        self.closing = True
+        if self._q is not None:
+            self._q.put_nowait(None)
+
     async def run(self) -> None:
         backoff = 0.05
-        while True:
+        while not self.closing:
             q: asyncio.Queue[Msg | None] = asyncio.Queue()
             hello = scheduler_pb2.Hello(
                 gateway_id=self.gateway_id, inflight=self._inflight(self.instance_id))
@@ -66,6 +74,8 @@ class SchedulerLink:
                 self._q = None
                 self.connected = False
                 q.put_nowait(None)
+            if self.closing:
+                return
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)
 

@@ -57,6 +57,8 @@ from sloserve.services.proto import (
     scheduler_grpc,
     scheduler_pb2,
 )
+from sloserve.services.redisconn import connect
+from sloserve.services.registry import DEFAULT_POLL_S, Left, Registry, Watch, announce
 from sloserve.services.tls import ServerTLS
 from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
@@ -120,14 +122,12 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.slo_defaults = slo_defaults
         self.decision_log = decision_log
         first = next(iter(statuses.values())).executor
+        self.first = first  # the model every instance serves (tokenizer, chat template)
+        self.inputs = inputs or InputLimits()
         self.model = first.model  # the served model name (metrics' model_name, /v1/models)
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
         self.eos_ids = frozenset(first.eos_token_ids)  # finish_reason "stop" on one of them
-        self.limits = Limits(
-            min(min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
-                for s in statuses.values()),
-            self.tokenizer.vocab_size, inputs or InputLimits(),
-        )
+        self.limits = self._limits()
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
@@ -142,12 +142,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
-        self.links = {
-            iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
-            for iid, addr in addresses.items()
-        }
-        self.watches = {iid: HealthWatch(iid, addr, self.on_health)
-                        for iid, addr in addresses.items()}
+        self.links: dict[str, SchedulerLink] = {}
+        self.watches: dict[str, HealthWatch] = {}
+        self.tasks: dict[str, list[asyncio.Task[None]]] = {}  # each instance's link + watch
+        for iid, addr in addresses.items():
+            self._connect(iid, addr)
         metrics.OFFLOADS.labels(self.model)  # exported from the start, at 0
         metrics.PREFIX_CACHE.source = lambda: (self.model, self.prefix_cache)
         metrics.ENGINES.source = lambda: (self.model, self.engines)
@@ -155,6 +154,118 @@ class GatewayService(gateway_grpc.GatewayServicer):
             lambda: sum(1 for f in self.flights.values() if f.spec.generated_token_ids))
         metrics.GATEWAY_WAITING.labels(self.model).set_function(
             lambda: sum(1 for f in self.flights.values() if not f.spec.generated_token_ids))
+
+    def _limits(self) -> Limits:
+        """The input limits over every member instance (the smallest context wins)."""
+        return Limits(
+            min(
+                min(s.executor.max_context, s.executor.kv_capacity_blocks * s.executor.block_size)
+                for s in self.statuses.values()
+            ),
+            self.tokenizer.vocab_size,
+            self.inputs,
+        )
+
+    def _connect(self, iid: str, address: str) -> None:
+        self.links[iid] = SchedulerLink(
+            iid, address, self.gateway_id, self.inflight, self.on_output
+        )
+        self.watches[iid] = HealthWatch(iid, address, self.on_health)
+
+    def start_links(self, iid: str) -> None:
+        """Open ``iid``'s scheduler stream and health watch (in the running loop)."""
+        self.tasks[iid] = [
+            asyncio.create_task(self.links[iid].run()),
+            asyncio.create_task(self.watches[iid].run()),
+        ]
+
+    # --- membership (the registry in Redis, issue 34 item 2) -------------------------
+    def join(self, iid: str, address: str, st: scheduler_pb2.SchedulerStatus) -> None:
+        """A scheduler registered (and answered its Status): the controller takes it in."""
+        if st.executor.model != self.model:
+            self.log.error(
+                "instance_refused",
+                instance=iid,
+                address=address,
+                reason=f"serves {st.executor.model!r}, this deployment {self.model!r}",
+            )
+            return
+        self.statuses[iid], self.addresses[iid] = st, address
+        self.prefix_cache[iid] = (0, 0)
+        self.engines[iid] = metrics.EngineState(
+            kv_num_blocks=st.executor.kv_capacity_blocks, block_size=st.executor.block_size
+        )
+        self.limits = self._limits()
+        self._connect(iid, address)
+        self.start_links(iid)
+        self.ctl.on_instance_joined(iid, st.role, time.time())
+        self.log.info(
+            "instance_joined",
+            instance=iid,
+            address=address,
+            role=st.role,
+            instances=len(self.statuses),
+        )
+
+    def leave(self, iid: str, reason: str) -> None:
+        """A scheduler left (``deregistered``: a clean stop; ``expired``: no heartbeat):
+        the controller's instance-left transition re-runs its requests elsewhere; they are
+        cancelled there (a draining scheduler exits once it holds none), and it is
+        forgotten."""
+        if iid not in self.links:
+            return
+        now = time.time()
+        actions = self.ctl.on_instance_left(iid, now)
+        link = self.links.pop(iid)
+        for a in actions:
+            if isinstance(a, Dispatch):
+                link.cancel(a.request_id)
+        link.close()  # after the cancels: they go out before the stream ends
+        self.watches.pop(iid)
+        for t in self.tasks.pop(iid, [])[1:]:  # the health watch; the link ends by itself
+            t.cancel()
+        for table in (
+            self.statuses,
+            self.addresses,
+            self.prefix_cache,
+            self.engines,
+            self.output_seqs,
+        ):
+            table.pop(iid, None)
+        if self.statuses:
+            self.limits = self._limits()
+        self.log.info(
+            "instance_left",
+            instance=iid,
+            reason=reason,
+            at=now,
+            rerun=sum(isinstance(a, Dispatch) for a in actions),
+            dropped=sum(isinstance(a, Drop) for a in actions),
+            instances=len(self.statuses),
+        )
+        self._carry_out(actions, now)
+
+    async def follow(self, watch: Watch, timeout: float) -> None:
+        """Carry out the registry's joins and leaves for ever."""
+        async for ev in watch.events():
+            iid = ev.member.id
+            if isinstance(ev, Left):
+                self.leave(iid, ev.reason)
+                continue
+            try:
+                st = await _status(ev.member.address, timeout)
+            except grpc.aio.AioRpcError as exc:  # not reachable: looked at again next poll
+                self.log.warning(
+                    "instance_unreachable",
+                    instance=iid,
+                    address=ev.member.address,
+                    code=exc.code().name,
+                )
+                watch.known.pop(iid, None)
+                continue
+            if iid in self.links:  # a static --scheduler, or already a member
+                continue
+            self.join(iid, ev.member.address, st)
 
     # --- carrying out the controller's decisions ---------------------------------
     def _carry_out(self, actions: Iterable[Action], now: float,
@@ -192,6 +303,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if r in self.flights]
 
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
+        if instance_id not in self.links:
+            return  # it left the deployment; its requests run elsewhere
         now = out.time or time.time()
         fresh = []
         for ev in out.tokens:
@@ -224,6 +337,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         is unreachable) or healthy again: the controller decides; re-runs are carried
         out and the moved requests cancelled on the lost instance."""
         now = time.time()
+        if instance_id not in self.links:
+            return  # it left the deployment: no news of it counts
         if serving:
             self.ctl.on_instance_back(instance_id, now)
             self.log.info("instance_back", instance=instance_id, at=now)
@@ -248,7 +363,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             check_request(request, self.limits)  # before any work, in time independent of size
             prompt = request.prompt
             if request.messages:
-                first = next(iter(self.statuses.values())).executor
+                first = self.first
                 prompt = render([(m.role, m.content) for m in request.messages],
                                 first.chat_template, first.bos_token, first.eos_token)
             ids = await self._prompt_ids(request, prompt)
@@ -331,7 +446,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.tenants.release(f.tenant)
             f.tenant = None  # once
         if cancel:
-            if instance is not None:
+            if instance is not None and instance in self.links:
                 self.links[instance].cancel(rid)
             self.ctl.on_cancel(rid, time.time())
         return instance or f.instance_id
@@ -415,9 +530,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 ignored_sampling=list(e.ignored_sampling),
                 noise_stream=e.noise_stream, noise_cv=e.noise_cv,
                 output_seq=self.output_seqs.get(iid, 0)))
-        first = next(iter(self.statuses.values())).executor
+        first = self.first
         return gateway_pb2.InfoResponse(
-            model=instances[0].model, policies=sorted({i.policy for i in instances}),
+            model=self.model, policies=sorted({i.policy for i in instances}),
             instances=instances, tokenizer=self.tokenizer.name,
             chat_template="model" if first.chat_template else "chatml")
 
@@ -476,7 +591,19 @@ async def serve(args: argparse.Namespace) -> None:
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
-    addresses = parse_schedulers(args.scheduler)
+    static = parse_schedulers(args.scheduler or [])
+    if args.min_instances < 1:
+        raise ValueError(f"--min-instances: must be >= 1, got {args.min_instances}")
+    redis = connect(args.redis_url)
+    watch = Watch(
+        Registry(redis, args.prefix, "scheduler", args.registry_ttl),
+        args.registry_poll,
+        pinned=frozenset(static),
+    )
+    addresses = {
+        **static,
+        **await _first_members(watch, len(static), args.min_instances, args.connect_timeout),
+    }
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
@@ -503,8 +630,10 @@ async def serve(args: argparse.Namespace) -> None:
                       MalformedRequests()],
     )
     obs.start_metrics(args.metrics_port, args.host)
-    tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
-    tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
+    for iid in svc.links:
+        svc.start_links(iid)
+    tasks = [asyncio.create_task(svc.follow(watch, args.connect_timeout))]
+    beat = await announce(redis, args, "gateway", log=svc.log)
     # multi-MB requests (poison or not) leave freed buffers in glibc's arenas: give them back
     tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if keys:
@@ -519,16 +648,39 @@ async def serve(args: argparse.Namespace) -> None:
             serve_http(build_app(svc, keys), args.http_host or args.host, args.http_port,
                        tls=tls)))
     svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
-    await rpc.serve_until_signal(server, tasks)
+    await rpc.serve_until_signal(server, tasks, before_stop=beat.leave)
+    await redis.aclose()
+
+
+async def _first_members(watch: Watch, static: int, wanted: int,
+                         timeout: float) -> dict[str, str]:
+    """The schedulers registered once ``wanted`` instances (with the ``static`` ones) are
+    known; none within ``timeout`` s raises naming ``--min-instances``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        await watch.poll()
+        found = {i: m.address for i, m in watch.known.items()}
+        if static + len(found) >= wanted:
+            return found
+        if time.monotonic() > deadline:
+            raise ValueError(f"--min-instances: {static + len(found)} of {wanted} schedulers "
+                             f"registered in Redis ({watch.registry.set_key}) after "
+                             f"{timeout:g} s (--connect-timeout)")
+        await asyncio.sleep(watch.poll_s)
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = rpc.service_parser("gateway", port=50051, redis=False)
-    p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
-                   help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
+    p = rpc.service_parser("gateway", port=50051)
+    p.add_argument("--scheduler", action="append", default=[], metavar="ID=HOST:PORT",
+                   help="a fixed instance besides those the registry in Redis lists; "
+                        "repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
+    p.add_argument("--min-instances", type=int, default=1, metavar="N",
+                   help="serve once N schedulers are known (--scheduler + registered)")
+    p.add_argument("--registry-poll", type=float, default=DEFAULT_POLL_S, metavar="SECONDS",
+                   help="how often the registry is read for instances joining and leaving")
     deployment_flags.add_deployment_arg(p)
     deployment_flags.add_flags(p, deployment_flags.SLOS, zero_is_none=True)
     p.add_argument("--connect-timeout", type=float, default=60.0)

@@ -30,6 +30,7 @@ from sloserve.services.perfmodel import samples
 from sloserve.services.perfmodel.coefficients import Published, regression_for
 from sloserve.services.proto import SERVICE_NAMES, perfmodel_grpc, perfmodel_pb2
 from sloserve.services.redisconn import REDIS_ERRORS, Outage, connect
+from sloserve.services.registry import announce
 from sloserve.services.store import Keys
 
 WINDOW = 4096
@@ -170,7 +171,8 @@ async def serve(args: argparse.Namespace) -> None:
     obs.start_metrics(args.metrics_port, args.host)
     task = asyncio.create_task(svc.consume(args.refit_interval))
     svc.log.info("serving", port=args.port, model=args.model, gpu=args.gpu)
-    await rpc.serve_until_signal(server, [task])
+    beat = await announce(redis, args, "perfmodel", log=svc.log)  # the registry (issue 34)
+    await rpc.serve_until_signal(server, [task], before_stop=beat.leave)
     await redis.aclose()
 
 

@@ -25,6 +25,7 @@ from sloserve.services.deployment_flags import (
 from sloserve.services.perfmodel.coefficients import Published, follow, regression_for
 from sloserve.services.proto import SERVICE_NAMES, executor_grpc, executor_pb2, scheduler_grpc
 from sloserve.services.redisconn import Outage, connect
+from sloserve.services.registry import announce
 from sloserve.services.scheduler import loop
 from sloserve.services.scheduler.clock import make_clock
 from sloserve.services.scheduler.server import SchedulerService
@@ -91,6 +92,16 @@ async def serve(args: argparse.Namespace) -> None:
         lambda s: scheduler_grpc.add_SchedulerServicer_to_server(svc, s),
     )
     obs.start_metrics(args.metrics_port, args.host)
+    # the registry (issue 34, item 2): the gateway learns of us from it, and of our leaving
+    beat = await announce(
+        redis,
+        args,
+        "scheduler",
+        args.instance_id,
+        role=args.role,
+        meta={"executor": args.executor},
+        log=svc.log,
+    )
     gc.collect()
     gc.freeze()  # long-lived startup objects leave the collector's scans (GC pauses hit p99)
     tasks += [asyncio.create_task(loop.run(svc, executor)),
@@ -98,11 +109,29 @@ async def serve(args: argparse.Namespace) -> None:
     svc.log.info("serving", port=args.port, policy=dep.policy, role=args.role,
                  tbt_slo=dep.tbt_slo,
                  kv_blocks=desc.kv_capacity_blocks, coefficients=svc.coefficients.version)
+
+    async def leave() -> None:
+        await beat.leave()
+        await drain(svc, args.drain_timeout)
+
     try:
-        await rpc.serve_until_signal(server, tasks)
+        await rpc.serve_until_signal(server, tasks, before_stop=leave)
     finally:
         await store.close(2.0)
         await redis.aclose()
+
+
+async def drain(svc: SchedulerService, timeout: float, every: float = 0.05) -> None:
+    """A clean stop, once deregistered: serve on while the gateway moves our requests
+    elsewhere (the Controller's instance-left transition re-runs them and cancels them
+    here), until none is left, no gateway is connected, or ``timeout`` s have passed."""
+    loop_time = asyncio.get_running_loop().time
+    start, held = loop_time(), len(svc.specs)
+    while svc.specs and svc.outq is not None and loop_time() - start < timeout:
+        await asyncio.sleep(every)
+    svc.log.info(
+        "drained", requests=held, left=len(svc.specs), seconds=round(loop_time() - start, 3)
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="on SIGTERM: deregister, then wait at most this long for the gateway "
+                        "to move our requests elsewhere")
     p.add_argument("--coefficients-wait", type=float, default=20.0,
                    help="seconds to wait at startup for the perf model's first fit")
     p.add_argument("--clock", choices=("wall", "virtual"), default="wall",
