@@ -111,8 +111,9 @@ def net() -> Iterator[Net]:
         n.up()
     except subprocess.CalledProcessError as exc:
         n.down()
-        pytest.skip(f"ip netns is unavailable here: {' '.join(exc.cmd)}: "
-                    f"{(exc.stderr or '').strip()}")
+        pytest.skip(
+            f"ip netns is unavailable here: {' '.join(exc.cmd)}: {(exc.stderr or '').strip()}"
+        )
     try:
         yield n
     finally:
@@ -138,9 +139,11 @@ def pki(net: Net, tmp_path_factory: pytest.TempPathFactory) -> Pki:
     one per internal kind (and ``client``: the test's own), Redis's on the bridge."""
     root = tmp_path_factory.mktemp("pki")
     sans = [*net.addrs.values(), net.bridge_ip]
-    for sub, kinds in (("public", ("gateway",)), ("redis", ("redis",)),
-                       ("internal", ("gateway", "scheduler", "executor", "perfmodel",
-                                     "client"))):
+    for sub, kinds in (
+        ("public", ("gateway",)),
+        ("redis", ("redis",)),
+        ("internal", ("gateway", "scheduler", "executor", "perfmodel", "client")),
+    ):
         d = root / sub
         d.mkdir()
         ca = trustme.CA()
@@ -168,27 +171,69 @@ class Deployment:
 
     def spawn(self, name: str, ns: str, svc: str, port: int, *args: str) -> None:
         """``python -m sloserve.services.<svc>`` inside namespace ``ns`` on its address."""
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "REDIS_URL": self.redis_url,
-               PARENT_PID_ENV: str(os.getpid()), INTERNAL_TOKEN_ENV: self.token,
-               **self.pki.internal(svc).env()}
-        argv = ["ip", "netns", "exec", self.net.ns(ns), sys.executable, "-m",
-                f"sloserve.services.{svc}", "--host", self.net.addrs[ns], "--port", str(port),
-                "--prefix", self.prefix, "--registry-ttl", str(TTL_S), *args]
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "REDIS_URL": self.redis_url,
+            PARENT_PID_ENV: str(os.getpid()),
+            INTERNAL_TOKEN_ENV: self.token,
+            **self.pki.internal(svc).env(),
+        }
+        argv = [
+            "ip",
+            "netns",
+            "exec",
+            self.net.ns(ns),
+            sys.executable,
+            "-m",
+            f"sloserve.services.{svc}",
+            "--host",
+            self.net.addrs[ns],
+            "--port",
+            str(port),
+            "--prefix",
+            self.prefix,
+            "--registry-ttl",
+            str(TTL_S),
+            *args,
+        ]
         with open(self.logs / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(argv, stdout=log, stderr=log, env=env)
 
     def instance(self, ns: str, iid: str, k: int) -> None:
         """An executor and its scheduler in ``ns`` (instance ``iid``)."""
         addr = self.net.addrs[ns]
-        self.spawn(f"executor-{iid}", ns, "executor", EXECUTOR_PORT, "--backend", "sim",
-                   "--instance", str(k))
-        self.spawn(f"scheduler-{iid}", ns, "scheduler", SCHEDULER_PORT, "--instance-id", iid,
-                   "--role", "lp", "--executor", f"{addr}:{EXECUTOR_PORT}",
-                   "--drain-timeout", "30")
+        self.spawn(
+            f"executor-{iid}",
+            ns,
+            "executor",
+            EXECUTOR_PORT,
+            "--backend",
+            "sim",
+            "--instance",
+            str(k),
+        )
+        self.spawn(
+            f"scheduler-{iid}",
+            ns,
+            "scheduler",
+            SCHEDULER_PORT,
+            "--instance-id",
+            iid,
+            "--role",
+            "lp",
+            "--executor",
+            f"{addr}:{EXECUTOR_PORT}",
+            "--drain-timeout",
+            "30",
+        )
 
     def healthy(self, address: str, service: str, timeout: float = 90.0) -> None:
-        creds = (client_credentials(self.pki.public_ca) if service == "gateway"
-                 else self.pki.internal("client").channel_credentials())
+        creds = (
+            client_credentials(self.pki.public_ca)
+            if service == "gateway"
+            else self.pki.internal("client").channel_credentials()
+        )
         rpc.wait_healthy(address, SERVICE_NAMES[service], timeout, creds)
 
     def stop(self) -> None:
@@ -204,18 +249,42 @@ class Deployment:
 
 
 @pytest.fixture(scope="module")
-def deployment(net: Net, pki: Pki, tmp_path_factory: pytest.TempPathFactory,
-               ) -> Iterator[Deployment]:
+def deployment(
+    net: Net,
+    pki: Pki,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployment]:
     """Redis (TLS only, bound on the bridge), then perf-model + gateway in ``gw`` and one
     instance in each of ``a`` and ``b``; torn down (processes, Redis) even on failure."""
     logs = tmp_path_factory.mktemp("logs")
     d, password = pki.root / "redis", new_token()  # off loopback: protected by a password
     server = subprocess.Popen(
-        ["redis-server", "--bind", net.bridge_ip, "--port", "0", "--tls-port", str(REDIS_PORT),
-         "--save", "", "--appendonly", "no", "--tls-cert-file", str(d / "redis.pem"),
-         "--tls-key-file", str(d / "redis-key.pem"), "--tls-ca-cert-file", str(d / "ca.pem"),
-         "--tls-auth-clients", "no", "--requirepass", password],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            "redis-server",
+            "--bind",
+            net.bridge_ip,
+            "--port",
+            "0",
+            "--tls-port",
+            str(REDIS_PORT),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--tls-cert-file",
+            str(d / "redis.pem"),
+            "--tls-key-file",
+            str(d / "redis-key.pem"),
+            "--tls-ca-cert-file",
+            str(d / "ca.pem"),
+            "--tls-auth-clients",
+            "no",
+            "--requirepass",
+            password,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"rediss://:{password}@{net.bridge_ip}:{REDIS_PORT}/0?ssl_ca_certs={d / 'ca.pem'}"
     dep = Deployment(net, pki, logs, url, f"sloserve-mh:{uuid.uuid4().hex[:8]}", new_token())
     try:
@@ -231,10 +300,22 @@ def deployment(net: Net, pki: Pki, tmp_path_factory: pytest.TempPathFactory,
         dep.spawn("perfmodel", "gw", "perfmodel", PERFMODEL_PORT)
         dep.instance("a", "lp0", 0)
         dep.instance("b", "lp1", 1)
-        dep.spawn("gateway", "gw", "gateway", GATEWAY_PORT, "--min-instances", "2",
-                  "--registry-poll", "0.2", "--connect-timeout", "90",
-                  "--tls-cert", str(pki.root / "public" / "gateway.pem"),
-                  "--tls-key", str(pki.root / "public" / "gateway-key.pem"))
+        dep.spawn(
+            "gateway",
+            "gw",
+            "gateway",
+            GATEWAY_PORT,
+            "--min-instances",
+            "2",
+            "--registry-poll",
+            "0.2",
+            "--connect-timeout",
+            "90",
+            "--tls-cert",
+            str(pki.root / "public" / "gateway.pem"),
+            "--tls-key",
+            str(pki.root / "public" / "gateway-key.pem"),
+        )
         dep.healthy(dep.gateway, "gateway")
         yield dep
     finally:
@@ -243,34 +324,62 @@ def deployment(net: Net, pki: Pki, tmp_path_factory: pytest.TempPathFactory,
         server.wait()
 
 
+def events(log: Path, name: str) -> list[dict[str, object]]:
+    """The JSON log lines of ``log`` whose event is ``name``."""
+    lines = (json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{"))
+    return [e for e in lines if e.get("event") == name]
+
+
 def test_a_100_request_bench_through_three_namespaces_completes_over_tls(
-        deployment: Deployment, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
+    deployment: Deployment,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     dep = deployment
     with pytest.raises(TimeoutError):  # plaintext to the gateway gets no answer
         rpc.wait_healthy(dep.gateway, SERVICE_NAMES["gateway"], 1.0)
     info = Client(dep.gateway, tls_ca=dep.pki.public_ca).info()
     assert {(i["instance_id"], i["address"]) for i in info["instances"]} == {
         ("lp0", f"{dep.net.addrs['a']}:{SCHEDULER_PORT}"),
-        ("lp1", f"{dep.net.addrs['b']}:{SCHEDULER_PORT}")}  # as advertised, from the registry
+        ("lp1", f"{dep.net.addrs['b']}:{SCHEDULER_PORT}"),
+    }  # as advertised, from the registry
     trace = tmp_path / "short.csv"
-    trace.write_text("prompt_len,output_len\n" + "".join(
-        f"{32 + 8 * (k % 8)},{8 + k % 9}\n" for k in range(100)))
+    trace.write_text(
+        "prompt_len,output_len\n" + "".join(f"{32 + 8 * (k % 8)},{8 + k % 9}\n" for k in range(100))
+    )
     monkeypatch.setenv(TLS_CA_ENV, dep.pki.public_ca)
     t0 = time.monotonic()
-    code = cli.main(["bench", "--target", dep.gateway, "--trace-file", str(trace),
-                     "--sample", "ordered", "--qps", "25", "--num-requests", "100", "--json",
-                     "--disable-tqdm"])
+    code = cli.main(
+        [
+            "bench",
+            "--target",
+            dep.gateway,
+            "--trace-file",
+            str(trace),
+            "--sample",
+            "ordered",
+            "--qps",
+            "25",
+            "--num-requests",
+            "100",
+            "--json",
+            "--disable-tqdm",
+        ]
+    )
     wall = time.monotonic() - t0
     assert code == 0
     out = json.loads(capsys.readouterr().out.splitlines()[-1])
-    print(f"\nmultihost bench: {out['completed']}/100 completed, {out['failed']} failed, "
-          f"wall {wall:.1f} s, load {os.getloadavg()[0]:.2f}")
+    print(
+        f"\nmultihost bench: {out['completed']}/100 completed, {out['failed']} failed, "
+        f"wall {wall:.1f} s, load {os.getloadavg()[0]:.2f}"
+    )
     assert out["completed"] == 100 and out["failed"] == 0 and out["instances"] == 2
 
 
 def test_an_instance_started_later_joins_takes_work_and_on_stop_drains_elsewhere(
-        deployment: Deployment) -> None:
+    deployment: Deployment,
+) -> None:
     dep = deployment
     gw_log = dep.logs / "gateway.log"
     client = Client(dep.gateway, tls_ca=dep.pki.public_ca)
@@ -280,8 +389,10 @@ def test_an_instance_started_later_joins_takes_work_and_on_stop_drains_elsewhere
     join_s = time.time() - t_start
     assert joined["instance"] == "lp2"
     assert joined["address"] == f"{dep.net.addrs['late']}:{SCHEDULER_PORT}"
-    where = [list(client.generate(prompt_token_ids=[70] * 16, max_tokens=2))[-1].instance_id
-             for _ in range(6)]
+    where = [
+        list(client.generate(prompt_token_ids=[70] * 16, max_tokens=2))[-1].instance_id
+        for _ in range(6)
+    ]
     assert where.count("lp2") == 2, where  # round-robin over three LP instances
 
     streams = start_streams(client, 9, 300, "leave")  # each has its first token
@@ -294,16 +405,24 @@ def test_an_instance_started_later_joins_takes_work_and_on_stop_drains_elsewhere
     streams.join(120)
     assert not streams.errors, streams.errors
     assert left["instance"] == "lp2" and left["reason"] == "deregistered"
+    # draining turns its readiness off: the health watch's instance-lost usually re-runs
+    # the requests before the registry's leave is read (which then forgets the instance)
+    lost = [e for e in events(gw_log, "instance_lost") if e["instance"] == "lp2"]
+    rerun = int(left["rerun"]) + sum(int(e["rerun"]) for e in lost)  # type: ignore[call-overload]
     on_lp2 = [k for k, chunks in streams.results.items() if chunks[0].instance_id == "lp2"]
-    assert len(on_lp2) == 3 and left["rerun"] >= 1 and left["dropped"] == 0
+    assert len(on_lp2) == 3 and rerun >= 1 and left["dropped"] == 0
     for k, chunks in streams.results.items():  # every stream whole, in order, exactly once
         assert [c.index for c in chunks] == list(range(300)), k
     moved = [k for k in on_lp2 if streams.results[k][-1].instance_id != "lp2"]
-    assert len(moved) == left["rerun"]
+    assert len(moved) == rerun
     drained = wait_event(dep.logs / "scheduler-lp2.log", "drained", 0, 5)
     assert code == 0 and drained["left"] == 0
     assert {i["instance_id"] for i in client.info()["instances"]} == {"lp0", "lp1"}
-    print(f"\nmultihost join/leave: joined {join_s:.1f} s after start; leave: "
-          f"{left['rerun']} of {len(on_lp2)} streams on lp2 re-run elsewhere, scheduler exit "
-          f"{exit_s:.2f} s after SIGTERM; load {os.getloadavg()[0]:.2f}")
+    leave_s = float(left["at"]) - t_stop  # type: ignore[arg-type]
+    print(
+        f"\nmultihost join/leave: joined {join_s:.1f} s after its processes started; "
+        f"{left['rerun']} of {len(on_lp2)} streams on lp2 re-run elsewhere, the gateway's "
+        f"instance_left {leave_s:.2f} s and the scheduler's exit {exit_s:.2f} s after "
+        f"SIGTERM; 9/9 streams whole; load {os.getloadavg()[0]:.2f}"
+    )
     dep.procs["executor-lp2"].send_signal(signal.SIGTERM)

@@ -286,7 +286,8 @@ class Stack:
         # the gateway learns the schedulers from the registry in Redis, where each registers
         # itself (issue 34, item 2); it serves once all of this stack's are known
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait,
-              "--prefix", self.prefix, "--min-instances", str(n), "--clock", c.clock, "--deployment", dep.to_json(), *self._decision_log("gateway")]
+              "--prefix", self.prefix, "--min-instances", str(n), "--clock", c.clock,
+              "--deployment", dep.to_json(), *self._decision_log("gateway")]
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:
@@ -417,16 +418,22 @@ class Stack:
                 if s.proc is not None and s.proc.poll() is not None]
 
     def stop(self, timeout: float = 5.0) -> None:
+        # the gateway first: a scheduler stopped (deregistered) while a gateway still
+        # follows the registry would have its requests moved to the others, themselves
+        # stopping; with no gateway connected a scheduler's drain ends at once
         procs = [s.proc for s in reversed(self.services.values()) if s.proc is not None]
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        gateway = self.services.get("gateway")
+        first = [gateway.proc] if gateway is not None and gateway.proc is not None else []
+        for group in (first, [p for p in procs if p not in first]):
+            for p in group:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in group:
+                try:
+                    p.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
         if self.embedded is not None:
             self.embedded.close()
             self.embedded = None

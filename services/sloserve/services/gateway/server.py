@@ -632,8 +632,13 @@ async def serve(args: argparse.Namespace) -> None:
     obs.start_metrics(args.metrics_port, args.host)
     for iid in svc.links:
         svc.start_links(iid)
-    tasks = [asyncio.create_task(svc.follow(watch, args.connect_timeout))]
+    follow = asyncio.create_task(svc.follow(watch, args.connect_timeout))
+    tasks = [follow]
     beat = await announce(redis, args, "gateway", log=svc.log)
+
+    async def leave() -> None:  # a stopping gateway moves no request: it stops following
+        follow.cancel()
+        await beat.leave()
     # multi-MB requests (poison or not) leave freed buffers in glibc's arenas: give them back
     tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if keys:
@@ -648,7 +653,7 @@ async def serve(args: argparse.Namespace) -> None:
             serve_http(build_app(svc, keys), args.http_host or args.host, args.http_port,
                        tls=tls)))
     svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
-    await rpc.serve_until_signal(server, tasks, before_stop=beat.leave)
+    await rpc.serve_until_signal(server, tasks, before_stop=leave)
     await redis.aclose()
 
 

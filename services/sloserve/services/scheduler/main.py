@@ -112,6 +112,7 @@ async def serve(args: argparse.Namespace) -> None:
 
     async def leave() -> None:
         await beat.leave()
+        await svc.draining()
         await drain(svc, args.drain_timeout)
 
     try:

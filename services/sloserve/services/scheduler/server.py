@@ -197,6 +197,13 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             # whose executor is the one that is down
             await self.health.set(SERVICE_NAMES["scheduler"], status)
 
+    async def draining(self) -> None:
+        """A clean stop (issue 34): readiness off, so the gateway's health watch moves our
+        requests elsewhere at once, whether or not it follows the registry (a static
+        ``--scheduler`` does not)."""
+        await self._set_health(False)
+        self.log.info("draining", requests=len(self.specs))
+
     async def executor_lost(self, reason: str, predicted_s: float = 0.0,
                             deadline_s: float = 0.0) -> None:
         """NOT_SERVING (the gateway re-runs our requests elsewhere and cancels them
