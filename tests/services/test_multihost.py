@@ -421,7 +421,8 @@ def test_an_instance_started_later_joins_takes_work_and_on_stop_drains_elsewhere
     leave_s = float(left["at"]) - t_stop  # type: ignore[arg-type]
     print(
         f"\nmultihost join/leave: joined {join_s:.1f} s after its processes started; "
-        f"{left['rerun']} of {len(on_lp2)} streams on lp2 re-run elsewhere, the gateway's "
+        f"{rerun} of {len(on_lp2)} streams on lp2 re-run elsewhere (instance_lost "
+        f"{len(lost)}, instance_left {left['rerun']}), the gateway's "
         f"instance_left {leave_s:.2f} s and the scheduler's exit {exit_s:.2f} s after "
         f"SIGTERM; 9/9 streams whole; load {os.getloadavg()[0]:.2f}"
     )
