@@ -153,3 +153,20 @@ def test_the_advertised_address_is_the_flag_else_the_bound_one() -> None:
 def test_a_bad_ttl_is_refused_naming_the_flag() -> None:
     with pytest.raises(ValueError, match="--registry-ttl"):
         Registry(None, "p", "scheduler", 0)  # type: ignore[arg-type]
+
+
+def test_a_gateway_with_no_scheduler_registered_fails_naming_the_flag() -> None:
+    import subprocess
+    import sys
+
+    prefix = f"sloserve-test:{uuid.uuid4().hex[:10]}"
+    base = [sys.executable, "-m", "sloserve.services.gateway", "--port", "0", "--prefix", prefix]
+    for extra, said in (
+        (["--min-instances", "0"], "--min-instances: must be >= 1, got 0"),
+        (
+            ["--connect-timeout", "0.5"],
+            f"--min-instances: 0 of 1 schedulers registered in Redis ({prefix}:registry:scheduler)",
+        ),
+    ):
+        done = subprocess.run([*base, *extra], capture_output=True, text=True, timeout=120)
+        assert done.returncode != 0 and said in done.stderr, done.stderr[-2000:]

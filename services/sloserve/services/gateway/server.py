@@ -58,7 +58,14 @@ from sloserve.services.proto import (
     scheduler_pb2,
 )
 from sloserve.services.redisconn import connect
-from sloserve.services.registry import DEFAULT_POLL_S, Left, Registry, Watch, announce
+from sloserve.services.registry import (
+    DEFAULT_POLL_S,
+    Left,
+    Member,
+    Registry,
+    Watch,
+    announce,
+)
 from sloserve.services.tls import ServerTLS
 from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
@@ -246,26 +253,33 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self._carry_out(actions, now)
 
     async def follow(self, watch: Watch, timeout: float) -> None:
-        """Carry out the registry's joins and leaves for ever."""
+        """Carry out the registry's joins and leaves for ever; each join asks the new
+        scheduler for its Status in a task of its own (one that does not answer holds up
+        no other event), which a leave of the same instance cancels."""
+        joining: dict[str, asyncio.Task[None]] = {}
         async for ev in watch.events():
             iid = ev.member.id
             if isinstance(ev, Left):
+                pending = joining.pop(iid, None)
+                if pending is not None:
+                    pending.cancel()
                 self.leave(iid, ev.reason)
-                continue
-            try:
-                st = await _status(ev.member.address, timeout)
-            except grpc.aio.AioRpcError as exc:  # not reachable: looked at again next poll
-                self.log.warning(
-                    "instance_unreachable",
-                    instance=iid,
-                    address=ev.member.address,
-                    code=exc.code().name,
-                )
-                watch.known.pop(iid, None)
-                continue
-            if iid in self.links:  # a static --scheduler, or already a member
-                continue
-            self.join(iid, ev.member.address, st)
+            else:
+                for done in [i for i, t in joining.items() if t.done()]:
+                    del joining[done]
+                joining[iid] = asyncio.create_task(self._join(watch, ev.member, timeout))
+
+    async def _join(self, watch: Watch, member: Member, timeout: float) -> None:
+        iid = member.id
+        try:
+            st = await _status(member.address, timeout)
+        except grpc.aio.AioRpcError as exc:  # not reachable: looked at again next poll
+            self.log.warning("instance_unreachable", instance=iid, address=member.address,
+                             code=exc.code().name)
+            watch.known.pop(iid, None)
+            return
+        if iid not in self.links:  # else a static --scheduler, or already a member
+            self.join(iid, member.address, st)
 
     # --- carrying out the controller's decisions ---------------------------------
     def _carry_out(self, actions: Iterable[Action], now: float,
