@@ -155,7 +155,7 @@ def test_a_bad_ttl_is_refused_naming_the_flag() -> None:
         Registry(None, "p", "scheduler", 0)  # type: ignore[arg-type]
 
 
-def test_a_gateway_with_no_scheduler_registered_fails_naming_the_flag() -> None:
+def test_a_gateway_with_no_scheduler_registered_or_a_bad_registry_flag_fails_naming_it() -> None:
     import subprocess
     import sys
 
@@ -163,6 +163,7 @@ def test_a_gateway_with_no_scheduler_registered_fails_naming_the_flag() -> None:
     base = [sys.executable, "-m", "sloserve.services.gateway", "--port", "0", "--prefix", prefix]
     for extra, said in (
         (["--min-instances", "0"], "--min-instances: must be >= 1, got 0"),
+        (["--registry-ttl", "0"], "--registry-ttl: must be > 0, got 0"),
         (
             ["--connect-timeout", "0.5"],
             f"--min-instances: 0 of 1 schedulers registered in Redis ({prefix}:registry:scheduler)",

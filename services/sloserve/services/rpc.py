@@ -260,7 +260,7 @@ def service_parser(
     name: str, *, port: int | None = None, redis: bool = True
 ) -> argparse.ArgumentParser:
     """The flags every service takes: address, metrics port and, if it keeps state, Redis."""
-    from sloserve.services.argtypes import DefaultsHelpFormatter
+    from sloserve.services.argtypes import DefaultsHelpFormatter, number
     from sloserve.services.redisconn import url_arg
     from sloserve.services.registry import DEFAULT_TTL_S
     from sloserve.services.store import DEFAULT_REDIS_URL, redis_url
@@ -286,7 +286,7 @@ def service_parser(
         p.add_argument("--prefix", default="sloserve")
         p.add_argument(
             "--registry-ttl",
-            type=float,
+            type=number(float, 0),
             default=DEFAULT_TTL_S,
             metavar="SECONDS",
             help="the registry entry expires this long after the last heartbeat",

@@ -606,8 +606,6 @@ async def serve(args: argparse.Namespace) -> None:
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
     static = parse_schedulers(args.scheduler or [])
-    if args.min_instances < 1:
-        raise ValueError(f"--min-instances: must be >= 1, got {args.min_instances}")
     redis = connect(args.redis_url)
     watch = Watch(
         Registry(redis, args.prefix, "scheduler", args.registry_ttl),
@@ -696,9 +694,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler", action="append", default=[], metavar="ID=HOST:PORT",
                    help="a fixed instance besides those the registry in Redis lists; "
                         "repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
-    p.add_argument("--min-instances", type=int, default=1, metavar="N",
+    p.add_argument("--min-instances", type=number(int, 1, strict=False), default=1, metavar="N",
                    help="serve once N schedulers are known (--scheduler + registered)")
-    p.add_argument("--registry-poll", type=float, default=DEFAULT_POLL_S, metavar="SECONDS",
+    p.add_argument("--registry-poll", type=number(float, 0), default=DEFAULT_POLL_S,
+                   metavar="SECONDS",
                    help="how often the registry is read for instances joining and leaving")
     deployment_flags.add_deployment_arg(p)
     deployment_flags.add_flags(p, deployment_flags.SLOS, zero_is_none=True)

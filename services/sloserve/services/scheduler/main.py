@@ -17,6 +17,7 @@ from sloserve.kv_prefix import PrefixCachingBlockManager
 from sloserve.policies import Policy, get_spec
 from sloserve.policies.flags import add_policy_flags, config_from_args
 from sloserve.services import admission_flags, deployment_flags, obs, rpc
+from sloserve.services.argtypes import number
 from sloserve.services.deployment_flags import (
     add_deployment_arg,
     base_deployment,
@@ -141,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--role", default="lp", choices=("lp", "hp"))
     p.add_argument("--executor", required=True, help="executor address host:port")
     p.add_argument("--connect-timeout", type=float, default=60.0)
-    p.add_argument("--drain-timeout", type=float, default=30.0, metavar="SECONDS",
+    p.add_argument("--drain-timeout", type=number(float, 0, strict=False), default=30.0,
+                   metavar="SECONDS",
                    help="on SIGTERM: deregister, then wait at most this long for the gateway "
                         "to move our requests elsewhere")
     p.add_argument("--coefficients-wait", type=float, default=20.0,
