@@ -85,6 +85,24 @@ def test_a_member_whose_heartbeats_stop_expires_and_leaves(run: Callable[[Body],
     run(body)
 
 
+def test_a_redis_that_loses_the_entries_is_no_leave_within_the_ttl(
+    run: Callable[[Body], None],
+) -> None:
+    async def body(r: aioredis.Redis, prefix: str) -> None:
+        reg = Registry(r, prefix, "scheduler", TTL * 3)
+        watch = Watch(reg)
+        beat = await Heartbeat(reg, Member("scheduler", "lp0", "h:2")).start()
+        await asyncio.sleep(0.05)
+        assert ids(await watch.poll()) == [("Joined", "lp0", "")]
+        await r.delete(reg.key("lp0"), reg.set_key)  # Redis restarted empty
+        assert await watch.poll() == []  # not a TTL unseen: no leave
+        await asyncio.sleep(TTL * 3 / 4 + 0.2)  # the next heartbeat writes it again
+        assert await watch.poll() == [] and "lp0" in await reg.members()
+        await beat.leave()
+
+    run(body)
+
+
 def test_a_restart_at_the_same_address_is_no_event_a_new_address_is_leave_then_join(
     run: Callable[[Body], None],
 ) -> None:

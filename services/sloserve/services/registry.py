@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -182,7 +183,7 @@ class Heartbeat:
                 await self.outage.failed(exc)
             await asyncio.sleep(every if not self.outage.down else self.outage.delay())
 
-    async def leave(self, timeout: float = 2.0) -> None:
+    async def leave(self, timeout: float = 1.0) -> None:
         """Stop beating and deregister (best effort within ``timeout``: an entry that
         cannot be marked expires on its own)."""
         if self.task is not None:
@@ -219,7 +220,12 @@ def diff(
 
 class Watch:
     """Follows one kind: polls the registry every ``poll_s`` and yields events. Members
-    in ``pinned`` (a static ``--scheduler`` list) are never reported."""
+    in ``pinned`` (a static ``--scheduler`` list) are never reported.
+
+    An entry that vanished without saying ``leaving`` has expired only once this watcher
+    has not seen it for a whole TTL (on its own clock): before that, Redis lost it
+    (restarted empty, or a failover dropped the last writes) and the member's next
+    heartbeat writes it again, so a Redis that comes back empty is no leave."""
 
     def __init__(
         self,
@@ -230,6 +236,7 @@ class Watch:
     ) -> None:
         self.registry, self.poll_s, self.pinned = registry, poll_s, pinned
         self.known: dict[str, Member] = {}
+        self.seen_at: dict[str, float] = {}  # member -> when this watcher last saw its entry
         self.log = log or structlog.get_logger()
         self.outage = Outage(f"registry-watch-{registry.kind}", self.log)
 
@@ -242,7 +249,14 @@ class Watch:
             await self.outage.failed(exc)
             return []
         seen = {i: m for i, m in seen.items() if i not in self.pinned}
+        now = time.monotonic()
+        self.seen_at.update(dict.fromkeys(seen, now))
+        for i, m in self.known.items():
+            if i not in seen and now - self.seen_at.get(i, now) < self.registry.ttl_s:
+                seen[i] = m  # not expired yet: lost by Redis, or a heartbeat is late
         events, self.known = diff(self.known, seen)
+        for i in [i for i in self.seen_at if i not in seen]:
+            del self.seen_at[i]
         return events
 
     async def events(self) -> AsyncIterator[Event]:
