@@ -61,3 +61,51 @@ def _with_gateway_flags(stack: Stack, *flags: str) -> Callable[[], None]:
         stack.services["gateway"].argv += list(flags)
 
     return planned
+
+
+def test_http_clients_reattach_with_get_and_starting_after(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """``GET /v1/completions/{id}?stream=true&starting_after=N`` (SSE) and without
+    ``stream`` (the whole object); an unknown id is a 404 in OpenAI's error shape."""
+    import json
+
+    import httpx
+
+    from sloserve.services.drills.restart import Outcome
+    from sloserve.services.store import free_port
+
+    stack = start_stack(policy="sarathi", instances=2, time_scale=2.0, http_port=free_port())
+
+    def over_http(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        with httpx.Client(base_url=s.http, timeout=120) as http:
+            for k, o in enumerate(outcomes):
+                url = f"/v1/completions/cmpl-{o.request_id}"
+                params = {"starting_after": str(o.before - 1)}
+                for _ in range(100):  # 503 while the gateway reconnects to its instances
+                    if k % 2:
+                        r = http.get(url, params=params)
+                    else:
+                        r = http.get(url, params={**params, "stream": "true"})
+                    if r.status_code != 503:
+                        break
+                assert r.status_code == 200, r.text
+                if k % 2:
+                    body = r.json()
+                    finish = body["choices"][0]["finish_reason"]
+                    n = body["usage"]["completion_tokens"]
+                else:
+                    events = [
+                        json.loads(line[6:])
+                        for line in r.text.splitlines()
+                        if line.startswith("data: {")
+                    ]
+                    assert r.text.rstrip().endswith("data: [DONE]")
+                    finish, n = events[-1]["choices"][0]["finish_reason"], max_tokens
+                o.resumed = finish == "length" and n == max_tokens
+            missing = http.get("/v1/completions/cmpl-nobody")
+            assert missing.status_code == 404
+            assert missing.json()["error"]["message"].startswith("request_id: 'nobody'")
+
+    outcomes, _ = drill(stack, 4, MAX_TOKENS, signal.SIGTERM, prefix="http", reattach=over_http)
+    assert [o.row() for o in outcomes if not (o.resumed and o.logged)] == []

@@ -126,10 +126,12 @@ def drill(
     attach_after_s: float = 0.0,
     mid_run_s: float = 0.3,
     on_restart: Callable[[Stack], None] | None = None,
+    reattach: Callable[[Stack, list[Outcome], int], None] | None = None,
 ) -> tuple[list[Outcome], float]:
     """Run the drill on a started ``stack`` (with a ``log_dir`` and a fixed prefix);
     returns each request's outcome and the seconds the stack was down. ``on_restart``:
-    called between the stop and the start (e.g. to change the gateway's flags)."""
+    called between the stop and the start (e.g. to change the gateway's flags);
+    ``reattach``: how the clients re-attach (default: :func:`attach_all`, gRPC)."""
     client = Client(stack.gateway)
     started = threading.Barrier(n + 1)
     got: dict[str, list[Chunk]] = {f"{prefix}-{k}": [] for k in range(n)}
@@ -152,9 +154,12 @@ def drill(
     client.close()
     outcomes = [Outcome(rid, len(chunks)) for rid, chunks in got.items()]
     time.sleep(attach_after_s)
-    client = Client(stack.gateway)
-    attach_all(client, outcomes, max_tokens)
-    client.close()
+    if reattach is not None:
+        reattach(stack, outcomes, max_tokens)
+    else:
+        client = Client(stack.gateway)
+        attach_all(client, outcomes, max_tokens)
+        client.close()
     assert stack.cfg.log_dir is not None
     time.sleep(0.5)  # the gateway's last lines
     logged(stack.cfg.log_dir / "gateway.log", outcomes)
