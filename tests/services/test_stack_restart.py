@@ -109,3 +109,82 @@ def test_http_clients_reattach_with_get_and_starting_after(
 
     outcomes, _ = drill(stack, 4, MAX_TOKENS, signal.SIGTERM, prefix="http", reattach=over_http)
     assert [o.row() for o in outcomes if not (o.resumed and o.logged)] == []
+
+
+def _gateway() -> object:
+    from sloserve.controller import Controller
+    from sloserve.services.gateway.server import GatewayService
+    from sloserve.services.proto import executor_pb2, scheduler_pb2
+
+    desc = executor_pb2.ExecutorDescription(max_context=4096, kv_capacity_blocks=64, block_size=16)
+    return GatewayService(
+        Controller([("lp0", "lp")]),
+        {"lp0": scheduler_pb2.SchedulerStatus(role="lp", executor=desc)},
+        {"lp0": "127.0.0.1:9"},
+        {},
+    )
+
+
+def test_a_request_complete_in_redis_is_offered_and_replayed_from_the_index_asked() -> None:
+    """A request whose every token reached Redis before the crash (its end not recorded)
+    is adopted complete: Attach replays from ``start_index`` and ends with ``length``;
+    an index past max_tokens is refused naming the field."""
+    import asyncio
+
+    import grpc
+
+    from sloserve.services.gateway.server import GatewayError, GatewayService
+    from sloserve.services.proto import common_pb2, scheduler_pb2
+
+    async def scenario() -> None:
+        gw = _gateway()
+        assert isinstance(gw, GatewayService)
+        spec = common_pb2.RequestSpec(
+            request_id="done",
+            prompt_token_ids=[1, 2],
+            max_tokens=5,
+            generated_token_ids=[70, 71, 72, 73, 74],
+        )
+        gw.on_output("lp0", scheduler_pb2.SchedulerOutput(restored=[spec]))
+        with pytest.raises(GatewayError) as bad:
+            gw.attach("", "done", 6)
+        assert bad.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert bad.value.message.startswith("start_index:")
+        f = gw.attach("", "done", 2)
+        got = [c async for c in gw.tokens(f, 2)]
+        assert [(c.index, c.token_id) for c in got] == [(2, 72), (3, 73), (4, 74)]
+        assert got[-1].finish_reason == "length"
+        with pytest.raises(GatewayError) as gone:  # delivered: the gateway holds it no more
+            gw.attach("", "done", 0)
+        assert gone.value.code == grpc.StatusCode.NOT_FOUND
+
+    asyncio.run(scenario())
+
+
+def test_a_restored_request_past_its_grace_is_cancelled_and_attach_says_so() -> None:
+    import asyncio
+    import time
+
+    import grpc
+
+    from sloserve.services.gateway.server import GatewayError, GatewayService
+    from sloserve.services.proto import common_pb2, scheduler_pb2
+
+    async def scenario() -> None:
+        gw = _gateway()
+        assert isinstance(gw, GatewayService)
+        spec = common_pb2.RequestSpec(
+            request_id="late", prompt_token_ids=[1, 2], max_tokens=50, generated_token_ids=[70, 71]
+        )
+        gw.on_output("lp0", scheduler_pb2.SchedulerOutput(restored=[spec]))
+        assert gw.ctl.location["late"] == "lp0"
+        gw.expire(time.monotonic() + gw.reattach_grace - 1)  # not yet
+        assert "late" in gw.flights
+        gw.expire(time.monotonic() + gw.reattach_grace + 1)
+        assert "late" not in gw.flights and "late" not in gw.ctl.location
+        with pytest.raises(GatewayError) as ended:
+            gw.attach("", "late", 2)
+        assert ended.value.code == grpc.StatusCode.ABORTED
+        assert "not re-attached within 300 s: cancelled after 2 of 50 tokens" in ended.value.message
+
+    asyncio.run(scenario())
