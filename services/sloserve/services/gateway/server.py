@@ -170,6 +170,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
         self.reattach_grace = REATTACH_GRACE_S
+        self.started_at = time.time()  # a restored request that arrived before: an orphan
         self.heard_from: set[str] = set()  # instances that have answered since we started
         # restored requests that ended with no client attached: Attach answers this status
         self.ended: OrderedDict[str, GatewayError] = OrderedDict()
@@ -257,12 +258,20 @@ class GatewayService(gateway_grpc.GatewayServicer):
 
     # --- restored requests (issue 34, item 6) ---------------------------------------
     def adopt(self, instance_id: str, spec: common_pb2.RequestSpec) -> None:
-        """A request ``instance_id`` restored after a restart: kept, unattached, until its
-        client re-attaches (``Attach``) or ``reattach_grace`` passes (``expire``)."""
+        """A request ``instance_id`` restored after a restart: if it arrived before this
+        gateway started (its gateway is gone with the client's stream), kept, unattached,
+        until its client re-attaches (``Attach``) or ``reattach_grace`` passes
+        (``expire``); else this gateway knows how it went: cancelled there unless placed
+        there."""
         rid = spec.request_id
-        if rid in self.flights:  # the client already sent it again: the scheduler resumes
-            self.log.info("restored_resubmitted", request_id=rid, instance=instance_id)
-            return  # it under that submission (same id), which holds the stream
+        if rid in self.flights or spec.arrival_time >= self.started_at:
+            # this gateway accepted it (only a scheduler restarted): it holds it, re-run
+            # elsewhere or sent again by its client, or it has ended; a leftover there
+            if self.ctl.location.get(rid) != instance_id:
+                self.links[instance_id].cancel(rid)
+            self.log.info("restored_known", request_id=rid, instance=instance_id,
+                          at=self.ctl.location.get(rid))
+            return
         owner, client_id = owner_of(rid, self.auth_on)
         f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(),
                    instance_id=instance_id, owner=owner, client_id=client_id,
