@@ -194,7 +194,10 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
                         f"@redis:{REDIS_PORT}/0",
            "SLOSERVE_INTERNAL_TOKEN": "${SLOSERVE_INTERNAL_TOKEN:?set SLOSERVE_INTERNAL_TOKEN}",
            DEPLOYMENT_ENV: dep}
-    health = {"interval": "2s", "timeout": "5s", "retries": 30}
+    # a check starts Python and imports gRPC: on a busy host that alone can take over 5 s
+    # (a 4-instance stack at load 60 had SERVING schedulers fail theirs); 30 s: Docker's own
+    # default
+    health = {"interval": "2s", "timeout": "30s", "retries": 30}
     build = {"context": ".", "dockerfile": "infra/Dockerfile.service"}
 
     def service(image: str, command: list[str], **extra: Any) -> dict[str, Any]:
