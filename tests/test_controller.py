@@ -157,3 +157,16 @@ def test_bad_configuration_and_reports_are_rejected_by_name() -> None:
         c.on_instance_state("hp0", -1, 0.0)
     with pytest.raises(ValueError, match="instance_id.*'zz'"):
         c.on_instance_lost("zz", 0.0)
+
+
+def test_a_restored_request_stays_where_it_was_and_reruns_if_its_instance_is_lost() -> None:
+    """Issue 34, item 6: a request an instance restored after a restart is placed there
+    (no routing); it moves only as any other would, when that instance is lost."""
+    c = Controller(LP3)
+    c.on_restored("r", "lp1", 0.0)
+    assert c.location == {"r": "lp1"} and route(c, "new") == "lp0"  # round-robin untouched
+    moved = c.on_instance_lost("lp1", 0.1)
+    assert [(a.request_id, a.cause) for a in moved if isinstance(a, Dispatch)] == [
+        ("r", "rerun")]
+    with pytest.raises(ValueError, match=r"^instance_id: unknown instance 'lp9'"):
+        c.on_restored("s", "lp9", 0.2)
