@@ -200,3 +200,16 @@ def test_the_last_instance_leaving_drops_its_requests_with_the_reason() -> None:
     assert c.location == {} and isinstance(c.admit(req("c", 10), 1.2), Drop)
     c.on_instance_joined("hp1", "hp", 2.0)
     assert route(c, "d", 2.0) == "hp1"
+
+
+def test_a_restored_request_stays_where_it_was_and_reruns_if_its_instance_is_lost() -> None:
+    """Issue 34, item 6: a request an instance restored after a restart is placed there
+    (no routing); it moves only as any other would, when that instance is lost."""
+    c = Controller(LP3)
+    c.on_restored("r", "lp1", 0.0)
+    assert c.location == {"r": "lp1"} and route(c, "new") == "lp0"  # round-robin untouched
+    moved = c.on_instance_lost("lp1", 0.1)
+    assert [(a.request_id, a.cause) for a in moved if isinstance(a, Dispatch)] == [
+        ("r", "rerun")]
+    with pytest.raises(ValueError, match=r"^instance_id: unknown instance 'lp9'"):
+        c.on_restored("s", "lp9", 0.2)

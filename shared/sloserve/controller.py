@@ -193,6 +193,13 @@ class Controller:
         self._leave_prefill(request_id)
         self.location.pop(request_id, None)
 
+    def on_restored(self, request_id: str, instance_id: str, now: float) -> None:
+        """A request ``instance_id`` restored from Redis after a whole-stack restart (issue
+        34, item 6): it stays where it was (its queue already counts it)."""
+        if instance_id not in self.waiting_prefills:
+            raise ValueError(f"instance_id: unknown instance {instance_id!r}")
+        self.location[request_id] = instance_id
+
     def on_instance_lost(self, instance_id: str, now: float) -> list[Action]:
         """``instance_id`` is dead or hung: no new work, its requests re-run elsewhere."""
         if instance_id not in self.waiting_prefills:

@@ -29,6 +29,10 @@ EXTRA_KEYS = ("frontends", "max_frontends", "backend", "images")
 
 GATEWAY_PORT, HTTP_PORT, PERFMODEL_PORT = 50051, 8000, 50060
 EXECUTOR_PORT, SCHEDULER_PORT, REDIS_PORT = 50061, 50071, 6379
+# Kubernetes: Redis with Sentinel (issue 34, item 4): a StatefulSet of REDIS_REPLICAS pods,
+# each a redis-server (pod 0 the first master, the others its replicas) and a sentinel
+# (quorum 2) beside it; services reach the master through the sentinels (redis+sentinel://)
+SENTINEL_PORT, REDIS_REPLICAS, REDIS_MASTER, SENTINEL_QUORUM = 26379, 3, "sloserve", 2
 INTERNAL_DIR, PUBLIC_DIR = "/etc/sloserve/internal", "/etc/sloserve/public"
 # how long a backend's executor may take to load its model before SERVING, and so how
 # long its scheduler and the gateway wait: `up`'s budgets (services/stack.py
@@ -190,7 +194,10 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
                         f"@redis:{REDIS_PORT}/0",
            "SLOSERVE_INTERNAL_TOKEN": "${SLOSERVE_INTERNAL_TOKEN:?set SLOSERVE_INTERNAL_TOKEN}",
            DEPLOYMENT_ENV: dep}
-    health = {"interval": "2s", "timeout": "5s", "retries": 30}
+    # a check starts Python and imports gRPC: on a busy host that alone can take over 5 s
+    # (a 4-instance stack at load 60 had SERVING schedulers fail theirs); 30 s: Docker's own
+    # default
+    health = {"interval": "2s", "timeout": "30s", "retries": 30}
     build = {"context": ".", "dockerfile": "infra/Dockerfile.service"}
 
     def service(image: str, command: list[str], **extra: Any) -> dict[str, Any]:
@@ -303,7 +310,8 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
     images = desc.images
     backend = GPU_BACKEND if gpu_variant else desc.backend
     executor_image = images["gpu_executor"] if gpu_variant else images["executor"]
-    redis_url = f"redis://:$(REDIS_PASSWORD)@redis:{REDIS_PORT}/0"
+    sentinels = ",".join(f"redis-{k}.redis:{SENTINEL_PORT}" for k in range(REDIS_REPLICAS))
+    redis_url = f"redis+sentinel://:$(REDIS_PASSWORD)@{sentinels}/{REDIS_MASTER}/0"
     internal_env = [
         {"name": "SLOSERVE_INTERNAL_CA", "value": f"{INTERNAL_DIR}/ca.crt"},
         {"name": "SLOSERVE_INTERNAL_CERT", "value": f"{INTERNAL_DIR}/tls.crt"},
@@ -324,7 +332,7 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         c.update({"args": args, "env": env})
         if port is not None:
             c["ports"] = [{"containerPort": port}]
-        if name != "redis":  # up to the backend's start budget before liveness counts
+        if name not in ("redis", "sentinel"):  # the backend's start budget before liveness
             c["startupProbe"] = {**probe, "periodSeconds": 10,
                                  "failureThreshold": int(START_S[backend] // 10)}
         c["readinessProbe"] = {**probe, "periodSeconds": 5}
@@ -344,15 +352,8 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
                 "spec": {**spec, "selector": {"matchLabels": labels},
                          "template": {"metadata": {"labels": labels}, "spec": pod}}}
 
-    redis_probe = {"exec": {"command": ["redis-cli", "ping"]}}
     docs: list[dict[str, Any]] = [
-        workload("Deployment", "redis", {"app": "redis"}, [container(
-            "redis", images["redis"], ["redis-server", "--requirepass", "$(REDIS_PASSWORD)"],
-            [_secret_env("REDIS_PASSWORD", "redis-password"),
-             _secret_env("REDISCLI_AUTH", "redis-password")], REDIS_PORT, redis_probe,
-            {"cpu": "100m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"}, [])], []),
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "redis"},
-         "spec": {"selector": {"app": "redis"}, "ports": [{"port": REDIS_PORT}]}},
+        *_redis_sentinel(images["redis"], container, workload),
         workload("Deployment", "perfmodel", {"app": "perfmodel"}, [container(
             "perfmodel", images["service"],
             ["sloserve.services.perfmodel", "--host", "0.0.0.0", "--port", str(PERFMODEL_PORT)],
@@ -450,6 +451,64 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             "kustomization.yaml": _dump(k_header, [kustomization])}
 
 
+# a redis pod's config, written before it starts: the master the other pods' sentinels
+# name (pod 0 when none answers: a new deployment), this pod a replica unless it is it
+_REDIS_INIT = f"""\
+set -eu
+me="$HOSTNAME.redis"
+master=""
+for k in $(seq 0 {REDIS_REPLICAS - 1}); do
+  if [ "redis-$k.redis" != "$me" ]; then
+    master=$(redis-cli -h "redis-$k.redis" -p {SENTINEL_PORT} sentinel \\
+      get-master-addr-by-name {REDIS_MASTER} 2>/dev/null | head -n 1) || master=""
+  fi
+  if [ -n "$master" ]; then break; fi
+done
+if [ -z "$master" ]; then master="redis-0.redis"; fi
+{{ echo "requirepass $REDIS_PASSWORD"; echo "masterauth $REDIS_PASSWORD"
+  echo "replica-announce-ip $me"
+  if [ "$master" != "$me" ]; then echo "replicaof $master {REDIS_PORT}"; fi; }} \\
+  > /conf/redis.conf
+{{ echo "port {SENTINEL_PORT}"; echo "sentinel resolve-hostnames yes"
+  echo "sentinel announce-hostnames yes"; echo "sentinel announce-ip $me"
+  echo "sentinel monitor {REDIS_MASTER} $master {REDIS_PORT} {SENTINEL_QUORUM}"
+  echo "sentinel auth-pass {REDIS_MASTER} $REDIS_PASSWORD"
+  echo "sentinel down-after-milliseconds {REDIS_MASTER} 5000"
+  echo "sentinel failover-timeout {REDIS_MASTER} 60000"; }} > /conf/sentinel.conf
+"""
+
+
+def _redis_sentinel(image: str, container: Any, workload: Any) -> list[dict[str, Any]]:
+    """Redis with Sentinel: the StatefulSet (an init container writes each pod's config
+    into an emptyDir; no persistence, as ``up``'s Redis) and its headless Service, which
+    publishes pods before they are ready so the sentinels find each other."""
+    password = [_secret_env("REDIS_PASSWORD", "redis-password")]
+    conf = [{"name": "conf", "mountPath": "/conf"}]
+    small = ({"cpu": "100m", "memory": "128Mi"}, {"cpu": "1", "memory": "512Mi"})
+    redis = container("redis", image, ["redis-server", "/conf/redis.conf"],
+                      [*password, _secret_env("REDISCLI_AUTH", "redis-password")], REDIS_PORT,
+                      {"exec": {"command": ["redis-cli", "ping"]}}, *small, conf)
+    sentinel = container("sentinel", image, ["redis-server", "/conf/sentinel.conf",
+                                             "--sentinel"], [], SENTINEL_PORT,
+                         {"exec": {"command": ["redis-cli", "-p", str(SENTINEL_PORT),
+                                               "ping"]}},
+                         {"cpu": "50m", "memory": "64Mi"}, {"cpu": "500m", "memory": "256Mi"},
+                         conf)
+    sts = workload("StatefulSet", "redis", {"app": "redis"}, [redis, sentinel],
+                   [{"name": "conf", "emptyDir": {}}], serviceName="redis",
+                   replicas=REDIS_REPLICAS)
+    sts["spec"]["template"]["spec"]["initContainers"] = [{
+        "name": "config", "image": image, "command": ["sh", "-c", _REDIS_INIT],
+        "env": password, "volumeMounts": conf,
+        "resources": {"requests": small[0], "limits": small[1]}}]
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "redis"},
+               "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                        "selector": {"app": "redis"},
+                        "ports": [{"name": "redis", "port": REDIS_PORT},
+                                  {"name": "sentinel", "port": SENTINEL_PORT}]}}
+    return [sts, service]
+
+
 def _network_policies() -> list[dict[str, Any]]:
     def policy(name: str, app: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -468,9 +527,9 @@ def _network_policies() -> list[dict[str, Any]]:
                [{"ports": [{"port": GATEWAY_PORT}, {"port": HTTP_PORT}]}]),
         policy("scheduler-from-gateway", "instance",
                [{"from": pods("gateway"), "ports": [{"port": SCHEDULER_PORT}]}]),
-        policy("redis-from-services", "redis",
-               [{"from": pods("instance", "perfmodel"),
-                 "ports": [{"port": REDIS_PORT}]}]),
+        policy("redis-from-services", "redis",  # and from its own pods: replication
+               [{"from": pods("instance", "perfmodel", "redis"),
+                 "ports": [{"port": REDIS_PORT}, {"port": SENTINEL_PORT}]}]),
     ]
 
 
@@ -487,6 +546,8 @@ _K8S_NOTES = """\
 #     --from-file=tls.key --from-file=ca.crt   # mutual TLS inside ($SLOSERVE_INTERNAL_*)
 # Certificates: the public one names the gateway's external name and 127.0.0.1 (the
 # probes); the internal one names *.instance, perfmodel, redis and 127.0.0.1.
+# Redis: 3 pods of redis-server + sentinel (quorum 2, master name "sloserve"); services
+# use redis+sentinel://, so a dead master's replica is promoted and they follow it.
 # Probes run the gRPC health check inside the container with its credentials (the
 # kubelet's gRPC probe speaks no TLS). NetworkPolicies deny all ingress but clients ->
 # gateway, gateway -> schedulers, instances and perf model -> Redis (a CNI

@@ -68,7 +68,7 @@ def test_every_container_has_a_pinned_image_probes_and_resources(
     pyproject = (K8S.parents[1] / "pyproject.toml").read_text()
     version = re.search(r'^version = "([^"]+)"', pyproject, re.M).group(1)  # type: ignore[union-attr]
     containers = _containers(manifests)
-    assert len(containers) == 5  # redis, perf-model, executor, scheduler, gateway
+    assert len(containers) == 6  # redis, sentinel, perf-model, executor, scheduler, gateway
     for c in containers:
         name, _, tag = c["image"].partition(":")
         assert tag and tag != "latest", c["name"]
@@ -112,3 +112,25 @@ def test_each_executor_draws_the_noise_stream_of_its_pod_ordinal(
     env = {e["name"]: e for e in ex["env"]}
     assert env["POD_INDEX"]["valueFrom"]["fieldRef"]["fieldPath"] == \
         "metadata.labels['apps.kubernetes.io/pod-index']"
+
+
+def test_redis_runs_with_sentinel_and_every_service_follows_the_master_through_it(
+        manifests: list[dict[str, Any]]) -> None:
+    """Issue 34, item 4: Redis with Sentinel: 3 pods of redis-server + sentinel, services
+    on a redis+sentinel:// URL naming every sentinel, the password from the Secret."""
+    by = {(d["kind"], d["metadata"]["name"]): d for d in manifests}
+    redis = by["StatefulSet", "redis"]["spec"]
+    assert redis["replicas"] == 3 and redis["serviceName"] == "redis"
+    pod = redis["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["redis", "sentinel"]
+    assert "--sentinel" in pod["containers"][1]["args"]
+    init = pod["initContainers"][0]["command"][-1]
+    assert "sentinel monitor sloserve $master 6379 2" in init
+    assert "replicaof $master 6379" in init
+    sentinels = ",".join(f"redis-{k}.redis:26379" for k in range(3))
+    for c in _containers(manifests):
+        if c["name"] in ("redis", "sentinel", "gateway"):
+            continue
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["REDIS_URL"] == f"redis+sentinel://:$(REDIS_PASSWORD)@{sentinels}/sloserve/0"
+    assert by["Service", "redis"]["spec"]["clusterIP"] == "None"

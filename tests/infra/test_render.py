@@ -77,7 +77,8 @@ def test_a_four_instance_deployment_renders_four_scheduler_executor_pairs() -> N
     assert [gw[i + 1] for i, a in enumerate(gw) if a == "--scheduler"] == [
         f"{i}=scheduler-{i}:50071" for i in ids]
     docs = _docs(render_k8s(desc)["sloserve.yaml"])
-    sets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "StatefulSet"}
+    sets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "StatefulSet"
+            and d["metadata"]["name"] != "redis"}
     assert {n: (s["replicas"], s["ordinals"]["start"]) for n, s in sets.items()} == {
         "instance-lp": (2, 0), "instance-hp": (2, 2)}
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
@@ -110,9 +111,10 @@ def test_every_service_mounts_its_tls_secret_and_the_gateway_autoscales() -> Non
     pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
             if d["kind"] in ("Deployment", "StatefulSet")}
     for name, pod in pods.items():
-        secrets = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", [])}
+        secrets = {v["name"]: v["secret"]["secretName"] for v in pod.get("volumes", [])
+                   if "secret" in v}
         for c in pod["containers"]:
-            if c["name"] == "redis":
+            if c["name"] in ("redis", "sentinel"):
                 continue
             mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
             env = {e["name"]: e.get("value") for e in c["env"]}
@@ -204,7 +206,7 @@ def test_each_backend_gets_ups_start_budget_in_probes_and_connect_timeouts() -> 
         docs = _docs(render_k8s(desc)["sloserve.yaml"])
         for name, containers in _containers(docs).items():
             for c in containers:
-                if c["name"] == "redis":
+                if c["name"] in ("redis", "sentinel"):
                     continue
                 startup = c["startupProbe"]
                 assert startup["periodSeconds"] * startup["failureThreshold"] == \

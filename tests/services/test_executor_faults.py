@@ -66,6 +66,16 @@ def test_sigkilled_scheduler_of_one_of_two_instances_has_its_streams_rerun_and_r
     run = run_fault(stack, "kill-scheduler", hold_s=1.0)
     _check(run)
     assert run.detect_s < 1.0
+    # the restored copies of the re-run streams were offered to the gateway, which holds
+    # them elsewhere: cancelled there, none left running on the restarted instance
+    import grpc
+
+    from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+
+    with grpc.insecure_channel(stack.services[f"scheduler-{LOST}"].address) as ch:
+        st = scheduler_grpc.SchedulerStub(ch).Status(scheduler_pb2.StatusRequest(),
+                                                     metadata=stack.internal_metadata)
+    assert (st.num_waiting, st.num_running) == (0, 0)
 
 
 def test_a_lone_instance_keeps_its_streams_through_a_hang_and_refuses_new_ones_meanwhile(

@@ -12,10 +12,12 @@ Every failure raises a :class:`SloserveError` subclass carrying the gRPC status.
 
 from sloserve.client.client import AsyncClient, Chunk, Client
 from sloserve.client.errors import (
+    Aborted,
     AlreadyExists,
     Cancelled,
     DeadlineExceeded,
     InvalidArgument,
+    NotFound,
     RequestDropped,
     SloserveError,
     Unauthenticated,
@@ -23,6 +25,7 @@ from sloserve.client.errors import (
 )
 
 __all__ = [
+    "Aborted",
     "AlreadyExists",
     "AsyncClient",
     "Cancelled",
@@ -30,6 +33,7 @@ __all__ = [
     "Client",
     "DeadlineExceeded",
     "InvalidArgument",
+    "NotFound",
     "RequestDropped",
     "SloserveError",
     "Unauthenticated",

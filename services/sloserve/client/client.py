@@ -201,6 +201,22 @@ class Client:
         finally:
             call.cancel()  # no-op when complete; frees the request if the caller stopped early
 
+    def attach(self, request_id: str, start_index: int = 0, *,
+               timeout: float | None = None) -> Iterator[Chunk]:
+        """Re-attach to ``request_id`` after the stack restarted (issue 34, item 6): its
+        chunks from ``start_index`` (the count already received) to the end. Raises
+        :class:`NotFound` for an id the gateway does not hold, :class:`Unavailable` while
+        its instances reconnect (retry), or the status the request ended with."""
+        call = self._stub.Attach(gateway_pb2.AttachRequest(
+            request_id=request_id, start_index=start_index), timeout=timeout, metadata=self._md)
+        try:
+            for c in call:
+                yield _chunk(c)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
     def cancel(self, request_id: str) -> bool:
         try:
             return bool(self._stub.Cancel(gateway_pb2.CancelRequest(request_id=request_id),
@@ -245,6 +261,19 @@ class AsyncClient:
     ) -> AsyncIterator[Chunk]:
         call = self._stub.Generate(_request(prompt, opts, self._max_bytes), timeout=timeout,
                                   metadata=self._md)
+        try:
+            async for c in call:
+                yield _chunk(c)
+        except grpc.RpcError as exc:
+            raise from_rpc_error(exc) from None
+        finally:
+            call.cancel()
+
+    async def attach(self, request_id: str, start_index: int = 0, *,
+                     timeout: float | None = None) -> AsyncIterator[Chunk]:
+        """As :meth:`Client.attach`."""
+        call = self._stub.Attach(gateway_pb2.AttachRequest(
+            request_id=request_id, start_index=start_index), timeout=timeout, metadata=self._md)
         try:
             async for c in call:
                 yield _chunk(c)

@@ -42,6 +42,19 @@ class Cancelled(SloserveError):
     code = grpc.StatusCode.CANCELLED
 
 
+class NotFound(SloserveError):
+    """``attach``: the gateway holds no request by that id."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class Aborted(SloserveError):
+    """``attach``: a request restored after a restart that ended before a client
+    re-attached (issue 34, item 6); the details say how."""
+
+    code = grpc.StatusCode.ABORTED
+
+
 class Unavailable(SloserveError):
     code = grpc.StatusCode.UNAVAILABLE
 
@@ -59,7 +72,7 @@ class Unauthenticated(SloserveError):
 _BY_CODE: dict[grpc.StatusCode, type[SloserveError]] = {
     c.code: c
     for c in (InvalidArgument, AlreadyExists, RequestDropped, Cancelled, Unavailable,
-              DeadlineExceeded, Unauthenticated)
+              DeadlineExceeded, Unauthenticated, NotFound, Aborted)
 }
 
 

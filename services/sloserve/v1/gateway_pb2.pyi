@@ -142,6 +142,30 @@ class GenerateChunk(_message.Message):
 Global___GenerateChunk: _TypeAlias = GenerateChunk  # noqa: Y015
 
 @_typing.final
+class AttachRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    START_INDEX_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    """the id the request was generated with"""
+    start_index: _builtins.int
+    """the first token to send (the count the client already has)"""
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        start_index: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["request_id", b"request_id", "start_index", b"start_index"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___AttachRequest: _TypeAlias = AttachRequest  # noqa: Y015
+
+@_typing.final
 class CancelRequest(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 

@@ -49,6 +49,11 @@ class GatewayStub:
                 request_serializer=sloserve_dot_v1_dot_gateway__pb2.InfoRequest.SerializeToString,
                 response_deserializer=sloserve_dot_v1_dot_gateway__pb2.InfoResponse.FromString,
                 _registered_method=True)
+        self.Attach = channel.unary_stream(
+                '/sloserve.v1.Gateway/Attach',
+                request_serializer=sloserve_dot_v1_dot_gateway__pb2.AttachRequest.SerializeToString,
+                response_deserializer=sloserve_dot_v1_dot_gateway__pb2.GenerateChunk.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -73,6 +78,16 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Attach(self, request, context):
+        """Re-attach to a request a restarted stack resumed (issue 34, item 6): its chunks from
+        start_index on, live, to its end. NOT_FOUND: no such request on this gateway;
+        ALREADY_EXISTS: another client is attached; a request the gateway ended unattached
+        (not re-attached in time, dropped) answers the status it ended with.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -90,6 +105,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Info,
                     request_deserializer=sloserve_dot_v1_dot_gateway__pb2.InfoRequest.FromString,
                     response_serializer=sloserve_dot_v1_dot_gateway__pb2.InfoResponse.SerializeToString,
+            ),
+            'Attach': grpc.unary_stream_rpc_method_handler(
+                    servicer.Attach,
+                    request_deserializer=sloserve_dot_v1_dot_gateway__pb2.AttachRequest.FromString,
+                    response_serializer=sloserve_dot_v1_dot_gateway__pb2.GenerateChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -173,6 +193,33 @@ class Gateway:
             '/sloserve.v1.Gateway/Info',
             sloserve_dot_v1_dot_gateway__pb2.InfoRequest.SerializeToString,
             sloserve_dot_v1_dot_gateway__pb2.InfoResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Attach(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/sloserve.v1.Gateway/Attach',
+            sloserve_dot_v1_dot_gateway__pb2.AttachRequest.SerializeToString,
+            sloserve_dot_v1_dot_gateway__pb2.GenerateChunk.FromString,
             options,
             channel_credentials,
             insecure,

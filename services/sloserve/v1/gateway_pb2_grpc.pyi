@@ -35,6 +35,12 @@ class GatewayStub:
     """One chunk per output token, with its timing; the last chunk has finish_reason set."""
     Cancel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _gateway_pb2.CancelResponse]
     Info: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.InfoRequest, _gateway_pb2.InfoResponse]
+    Attach: _grpc.UnaryStreamMultiCallable[_gateway_pb2.AttachRequest, _gateway_pb2.GenerateChunk]
+    """Re-attach to a request a restarted stack resumed (issue 34, item 6): its chunks from
+    start_index on, live, to its end. NOT_FOUND: no such request on this gateway;
+    ALREADY_EXISTS: another client is attached; a request the gateway ended unattached
+    (not re-attached in time, dropped) answers the status it ended with.
+    """
 
 @_typing.type_check_only
 class GatewayAsyncStub(GatewayStub):
@@ -43,6 +49,12 @@ class GatewayAsyncStub(GatewayStub):
     """One chunk per output token, with its timing; the last chunk has finish_reason set."""
     Cancel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _gateway_pb2.CancelResponse]  # type: ignore[assignment]
     Info: _aio.UnaryUnaryMultiCallable[_gateway_pb2.InfoRequest, _gateway_pb2.InfoResponse]  # type: ignore[assignment]
+    Attach: _aio.UnaryStreamMultiCallable[_gateway_pb2.AttachRequest, _gateway_pb2.GenerateChunk]  # type: ignore[assignment]
+    """Re-attach to a request a restarted stack resumed (issue 34, item 6): its chunks from
+    start_index on, live, to its end. NOT_FOUND: no such request on this gateway;
+    ALREADY_EXISTS: another client is attached; a request the gateway ended unattached
+    (not re-attached in time, dropped) answers the status it ended with.
+    """
 
 class GatewayServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -66,5 +78,17 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.InfoRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_gateway_pb2.InfoResponse, _abc.Awaitable[_gateway_pb2.InfoResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def Attach(
+        self,
+        request: _gateway_pb2.AttachRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_gateway_pb2.GenerateChunk], _abc.AsyncIterator[_gateway_pb2.GenerateChunk]]:
+        """Re-attach to a request a restarted stack resumed (issue 34, item 6): its chunks from
+        start_index on, live, to its end. NOT_FOUND: no such request on this gateway;
+        ALREADY_EXISTS: another client is attached; a request the gateway ended unattached
+        (not re-attached in time, dropped) answers the status it ended with.
+        """
 
 def add_GatewayServicer_to_server(servicer: GatewayServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

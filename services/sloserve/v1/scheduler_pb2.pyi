@@ -217,6 +217,7 @@ class SchedulerOutput(_message.Message):
     STATE_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     SEQ_FIELD_NUMBER: _builtins.int
+    RESTORED_FIELD_NUMBER: _builtins.int
     time: _builtins.float
     """the scheduler's clock when it decided the offloads and drops"""
     seq: _builtins.int
@@ -231,6 +232,14 @@ class SchedulerOutput(_message.Message):
     def dropped(self) -> _containers.RepeatedCompositeFieldContainer[Global___Drop]: ...
     @_builtins.property
     def state(self) -> Global___InstanceState: ...
+    @_builtins.property
+    def restored(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RequestSpec]:
+        """Requests this scheduler restored from Redis after a restart that no gateway's Hello
+        listed, each with every token it has (generated_token_ids): the first gateway to
+        connect adopts them so their clients can re-attach (Gateway.Attach); one that has
+        all its max_tokens is complete (issue 34, item 6). Sent once, first on the stream.
+        """
+
     def __init__(
         self,
         *,
@@ -240,10 +249,11 @@ class SchedulerOutput(_message.Message):
         state: Global___InstanceState | None = ...,
         time: _builtins.float = ...,
         seq: _builtins.int = ...,
+        restored: _abc.Iterable[_common_pb2.RequestSpec] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["state", b"state"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "offloaded", b"offloaded", "seq", b"seq", "state", b"state", "time", b"time", "tokens", b"tokens"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "offloaded", b"offloaded", "restored", b"restored", "seq", b"seq", "state", b"state", "time", b"time", "tokens", b"tokens"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -52,7 +52,8 @@ class SchedulerServicer:
     def Connect(self, request_iterator, context):
         """Submissions and cancels in; token events, offloads, drops and state out.
         The first message on a stream is a Hello listing the gateway's in-flight
-        requests on this instance: the scheduler resumes those and forgets others.
+        requests on this instance: the scheduler resumes those, offers the ones it restored
+        from Redis that no gateway claimed (SchedulerOutput.restored) and forgets others.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

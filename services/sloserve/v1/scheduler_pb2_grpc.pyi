@@ -34,7 +34,8 @@ class SchedulerStub:
     Connect: _grpc.StreamStreamMultiCallable[_scheduler_pb2.SchedulerInput, _scheduler_pb2.SchedulerOutput]
     """Submissions and cancels in; token events, offloads, drops and state out.
     The first message on a stream is a Hello listing the gateway's in-flight
-    requests on this instance: the scheduler resumes those and forgets others.
+    requests on this instance: the scheduler resumes those, offers the ones it restored
+    from Redis that no gateway claimed (SchedulerOutput.restored) and forgets others.
     """
     Status: _grpc.UnaryUnaryMultiCallable[_scheduler_pb2.StatusRequest, _scheduler_pb2.SchedulerStatus]
 
@@ -44,7 +45,8 @@ class SchedulerAsyncStub(SchedulerStub):
     Connect: _aio.StreamStreamMultiCallable[_scheduler_pb2.SchedulerInput, _scheduler_pb2.SchedulerOutput]  # type: ignore[assignment]
     """Submissions and cancels in; token events, offloads, drops and state out.
     The first message on a stream is a Hello listing the gateway's in-flight
-    requests on this instance: the scheduler resumes those and forgets others.
+    requests on this instance: the scheduler resumes those, offers the ones it restored
+    from Redis that no gateway claimed (SchedulerOutput.restored) and forgets others.
     """
     Status: _aio.UnaryUnaryMultiCallable[_scheduler_pb2.StatusRequest, _scheduler_pb2.SchedulerStatus]  # type: ignore[assignment]
 
@@ -57,7 +59,8 @@ class SchedulerServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_abc.Iterator[_scheduler_pb2.SchedulerOutput], _abc.AsyncIterator[_scheduler_pb2.SchedulerOutput]]:
         """Submissions and cancels in; token events, offloads, drops and state out.
         The first message on a stream is a Hello listing the gateway's in-flight
-        requests on this instance: the scheduler resumes those and forgets others.
+        requests on this instance: the scheduler resumes those, offers the ones it restored
+        from Redis that no gateway claimed (SchedulerOutput.restored) and forgets others.
         """
 
     @_abc_1.abstractmethod

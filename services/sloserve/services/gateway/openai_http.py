@@ -14,6 +14,14 @@ body fields ``ttft_slo_ms``, ``tbt_slo_ms``, ``jct_slo_ms``, ``priority``, or ll
 headers ``x-llm-d-slo-ttft-ms``, ``x-llm-d-slo-tpot-ms`` (the body wins); a request
 without them gets the gateway's defaults, scored but never a reason to shed it.
 
+Re-attaching after a whole-stack restart (issue 34, item 6; the gRPC API's ``Attach``):
+``GET /v1/completions/{id}`` and ``GET /v1/chat/completions/{id}`` (the id as the request
+was made, or its ``cmpl-``/``chatcmpl-`` form) answer the rest of a restored request from
+token ``starting_after`` + 1 (OpenAI's Responses API's parameter; none: from the start),
+as SSE with ``stream=true``, else the whole object once it ends. 404: no such request,
+410: it ended before a client re-attached (the message says how), 503: the gateway is
+still reconnecting to its instances (``Retry-After``).
+
 A streamed request waits for its first token before answering, so a request dropped
 before it gets a 429 status, not a broken stream; a drop after it ends the stream with
 an error event, then ``[DONE]``.
@@ -52,6 +60,8 @@ STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
     grpc.StatusCode.RESOURCE_EXHAUSTED: (429, "rate_limit_error"),
     grpc.StatusCode.UNAVAILABLE: (503, "service_unavailable_error"),
     grpc.StatusCode.CANCELLED: (499, "cancelled"),
+    # a request restored after a restart that ended before its client re-attached
+    grpc.StatusCode.ABORTED: (410, "invalid_request_error"),
 }
 # OpenAI fields we do not implement: a value other than these is a 400
 UNSUPPORTED: dict[str, tuple[object, ...]] = {
@@ -523,6 +533,53 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             return Response(status_code=499)  # nobody reads it: nginx's "client closed"
         return work.result()
 
+    async def reattach(request: Request, request_id: str, chat: bool) -> Response:
+        """A restored request's rest (the module's docstring; ``GatewayService.attach``)."""
+        rid = request_id.removeprefix("chatcmpl-" if chat else "cmpl-")
+        q = request.query_params
+        try:
+            stream = _query_bool(q.get("stream"), "stream")
+            after = q.get("starting_after")
+            if after is not None and not re.fullmatch(r"-1|\d{1,9}", after):
+                raise BadRequest(f"starting_after: must be an integer >= -1, got {after!r}")
+            start = 0 if after is None else int(after) + 1
+            _, _, key = request.headers.get("authorization", "").partition(" ")
+            f = svc.attach(auth.key_id(key.strip()) if api_keys else "", rid, start)
+        except GatewayError as exc:  # the id is the path's {request_id}, not the header
+            return error_response(exc, {"request_id": "request_id"})
+        shapes, chunks = Shapes(chat, f.client_id, svc.model), svc.tokens(f, start)
+        headers = {"x-request-id": f.client_id}
+        try:
+            first = await anext(chunks)
+        except GatewayError as exc:
+            await chunks.aclose()
+            return error_response(exc)
+        except StopAsyncIteration:  # the client had every token already
+            return JSONResponse(shapes.full("", None, _usage(f, len(
+                f.spec.generated_token_ids))), headers=headers)
+        if stream:
+            return StreamingResponse(_events(shapes, f, first, chunks, False),
+                                     media_type="text/event-stream", headers=headers)
+        texts, finish = [first.text], first.finish_reason
+        try:
+            async with aclosing(chunks):
+                async for c in chunks:
+                    texts.append(c.text)
+                    finish = c.finish_reason
+        except GatewayError as exc:
+            return error_response(exc)
+        return JSONResponse(shapes.full("".join(texts), finish or None,
+                                        _usage(f, len(f.spec.generated_token_ids))),
+                            headers=headers)
+
+    @app.get("/v1/completions/{request_id}")
+    async def completion_rest(request: Request, request_id: str) -> Response:
+        return await reattach(request, request_id, chat=False)
+
+    @app.get("/v1/chat/completions/{request_id}")
+    async def chat_completion_rest(request: Request, request_id: str) -> Response:
+        return await reattach(request, request_id, chat=True)
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         return await serve(request, chat=False)
@@ -532,6 +589,14 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         return await serve(request, chat=True)
 
     return app
+
+
+def _query_bool(value: str | None, name: str) -> bool:
+    if value is None or value.lower() in ("false", "0"):
+        return False
+    if value.lower() in ("true", "1"):
+        return True
+    raise BadRequest(f"{name}: must be true or false, got {value!r}")
 
 
 async def client_gone(request: Request) -> None:

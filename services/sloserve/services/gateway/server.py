@@ -8,6 +8,13 @@ core ``Controller``'s; this shell carries out its actions: a ``Dispatch``
 submits the request to that instance's scheduler, a ``Drop`` ends the stream
 with RESOURCE_EXHAUSTED. A client that disconnects or calls ``Cancel`` is
 removed from its scheduler, which frees its KV blocks.
+
+After a whole-stack restart (issue 34, item 6; docs/reliability.md, *Restart*) each
+scheduler offers the requests it restored from Redis (``SchedulerOutput.restored``); the
+gateway adopts them unattached: they run on, their tokens kept, and a client re-attaches
+by request id (``Attach``, the SDK's ``attach``, ``GET /v1/completions/{id}``) to get the
+rest of its stream. One not re-attached within ``--reattach-grace`` seconds is cancelled
+(or, finished, forgotten) with a log line, and ``Attach`` answers the status it ended with.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import json
 import math
 import time
 import uuid
+from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -75,6 +83,8 @@ REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the res
 PUSHBACK_METADATA = "grpc-retry-pushback-ms"
 ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conductor's stamp
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
+REATTACH_GRACE_S = 300.0  # a restored request waits this long for its client (Attach)
+ENDED_KEPT = 10_000  # statuses of restored requests that ended unattached, for Attach
 
 
 class GatewayError(Exception):
@@ -106,6 +116,23 @@ class Flight:
     owner: str = ""  # the API key's id that created it ("" with auth off)
     tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
     client_id: str = ""  # the id the client knows it by (spec.request_id is scoped)
+    # restored after a restart (``adopt``): the monotonic time it is given up unless a
+    # client attaches first (None: a client holds it), the tokens it came with (replayed
+    # on Attach), whether those were all of them, and whether it has ended since
+    detached_until: float | None = None
+    restored: int = 0
+    complete: bool = False
+    adopted: bool = False
+    done: bool = False
+
+
+def owner_of(scoped: str, auth_on: bool) -> tuple[str, str]:
+    """``(owner, client id)`` of a scoped id (:func:`scoped_id`'s inverse; key ids have
+    no colon)."""
+    if not auth_on or ":" not in scoped:
+        return "", scoped
+    owner, _, client_id = scoped.partition(":")
+    return owner, client_id
 
 
 def scoped_id(owner: str, request_id: str) -> str:
@@ -149,6 +176,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.auth_on = False  # API keys configured (``serve``): requests have owners
         self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
+        self.reattach_grace = REATTACH_GRACE_S
+        self.started_at = time.time()  # a restored request that arrived before: an orphan
+        self.heard_from: set[str] = set()  # instances that have answered since we started
+        # restored requests that ended with no client attached: Attach answers this status
+        self.ended: OrderedDict[str, GatewayError] = OrderedDict()
         self.links: dict[str, SchedulerLink] = {}
         self.watches: dict[str, HealthWatch] = {}
         self.tasks: dict[str, list[asyncio.Task[None]]] = {}  # each instance's link + watch
@@ -305,6 +337,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             else:
                 why = (reasons or {}).get(action.request_id)
                 f.events.put_nowait(Drop(action.request_id, why) if why else action)
+                f.done = True
 
     def _located(self, request_id: str, instance_id: str) -> Flight | None:
         """The flight, if ``instance_id`` is where the controller put it (else stale news)."""
@@ -320,6 +353,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if instance_id not in self.links:
             return  # it left the deployment; its requests run elsewhere
         now = out.time or time.time()
+        self.heard_from.add(instance_id)
+        for spec in out.restored:
+            self.adopt(instance_id, spec)
         fresh = []
         for ev in out.tokens:
             f = self._located(ev.request_id, instance_id)
@@ -327,6 +363,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 continue  # stale, or a duplicate replayed after a scheduler restart
             f.spec.generated_token_ids.append(ev.token_id)
             f.events.put_nowait(ev)
+            f.done = f.done or ev.finished
             fresh.append(ev)
         self.ctl.on_tokens(fresh)
         if out.offloaded or out.dropped:
@@ -345,6 +382,86 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 s.num_running, s.num_waiting, s.kv_used_blocks, s.kv_num_blocks,
                 s.num_preemptions, self.engines[instance_id].block_size)
         self.output_seqs[instance_id] = out.seq  # applied (InstanceInfo.output_seq)
+
+    # --- restored requests (issue 34, item 6) ---------------------------------------
+    def adopt(self, instance_id: str, spec: common_pb2.RequestSpec) -> None:
+        """A request ``instance_id`` restored after a restart: if it arrived before this
+        gateway started (its gateway is gone with the client's stream), kept, unattached,
+        until its client re-attaches (``Attach``) or ``reattach_grace`` passes
+        (``expire``); else this gateway knows how it went: cancelled there unless placed
+        there."""
+        rid = spec.request_id
+        if rid in self.flights or spec.arrival_time >= self.started_at:
+            # this gateway accepted it (only a scheduler restarted): it holds it, re-run
+            # elsewhere or sent again by its client, or it has ended; a leftover there
+            if self.ctl.location.get(rid) != instance_id:
+                self.links[instance_id].cancel(rid)
+            self.log.info("restored_known", request_id=rid, instance=instance_id,
+                          at=self.ctl.location.get(rid))
+            return
+        owner, client_id = owner_of(rid, self.auth_on)
+        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(),
+                   instance_id=instance_id, owner=owner, client_id=client_id,
+                   detached_until=time.monotonic() + self.reattach_grace,
+                   restored=len(spec.generated_token_ids), adopted=True)
+        f.complete = f.done = f.restored >= spec.max_tokens
+        self.flights[rid] = f
+        self.ended.pop(rid, None)
+        if not f.complete:
+            self.ctl.on_restored(rid, instance_id, time.time())
+        self.log.info("request_restored", request_id=rid, instance=instance_id,
+                      tokens=f.restored, complete=f.complete)
+
+    def expire(self, now: float) -> None:
+        """Give up restored requests no client re-attached to in time: cancel the ones
+        still running; each gets a log line and the status ``Attach`` will answer."""
+        for f in [f for f in self.flights.values()
+                  if f.detached_until is not None and f.detached_until <= now]:
+            n = len(f.spec.generated_token_ids)
+            what = ("finished; its output was not collected" if f.done else
+                    f"cancelled after {n} of {f.spec.max_tokens} tokens")
+            where = self.release(f, cancel=not f.done)
+            self._ended(f.spec.request_id, GatewayError(
+                grpc.StatusCode.ABORTED, f"request {f.client_id}: restored after a restart, "
+                f"not re-attached within {self.reattach_grace:g} s: {what}"))
+            self.log.warning("request_not_reattached", request_id=f.spec.request_id,
+                             instance=where, output_tokens=n, finished=f.done)
+
+    def _ended(self, rid: str, status: GatewayError) -> None:
+        self.ended[rid] = status
+        while len(self.ended) > ENDED_KEPT:
+            self.ended.popitem(last=False)
+
+    async def expire_forever(self, every: float = 1.0) -> None:
+        while True:
+            await asyncio.sleep(every)
+            self.expire(time.monotonic())
+
+    def attach(self, owner: str, request_id: str, start_index: int) -> Flight:
+        """The restored request ``request_id`` of ``owner``, now attached (raises
+        :class:`GatewayError`: unknown, held by another client, ended, bad index)."""
+        rid = scoped_id(owner, request_id)
+        f = self.flights.get(rid)
+        if f is None or f.owner != owner:
+            if (ended := self.ended.get(rid)) is not None:
+                raise ended
+            if len(self.heard_from) < len(self.links):  # restored requests may be on the way
+                raise GatewayError(grpc.StatusCode.UNAVAILABLE,
+                                   f"request {request_id}: not known yet, instances are still "
+                                   "reconnecting; retry")
+            raise GatewayError(grpc.StatusCode.NOT_FOUND,
+                               f"request_id: {request_id!r} is not in flight on this gateway")
+        if f.detached_until is None:
+            raise GatewayError(grpc.StatusCode.ALREADY_EXISTS,
+                               f"request_id: {request_id!r} has a client attached")
+        if not 0 <= start_index <= f.spec.max_tokens:
+            raise GatewayError(grpc.StatusCode.INVALID_ARGUMENT,
+                               f"start_index: must be in [0, {f.spec.max_tokens}], "
+                               f"got {start_index}")
+        f.detached_until = None
+        self.log.info("request_reattached", request_id=rid, start_index=start_index,
+                      tokens=len(f.spec.generated_token_ids))
+        return f
 
     def on_health(self, instance_id: str, serving: bool) -> None:
         """An instance turned unhealthy (its executor is dead or hung, or its scheduler
@@ -410,18 +527,24 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self._carry_out([action], now)
         return f
 
-    async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
-        """``f``'s chunks as its tokens arrive; a drop or cancel raises :class:`GatewayError`.
-        Closing the iterator early cancels the request everywhere."""
+    async def tokens(self, f: Flight,
+                     start: int = 0) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
+        """``f``'s chunks from token ``start`` as its tokens arrive (a restored request's
+        earlier tokens first: they pass the detokenizer and stop strings, as live ones);
+        a drop or cancel raises :class:`GatewayError`. Closing the iterator early cancels
+        the request everywhere."""
         spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
         timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids),
                             spec.max_tokens)
         reason, sched_done, why = "abort", False, ""
+        backlog = deque(scheduler_pb2.TokenEvent(
+            request_id=spec.request_id, index=k, token_id=spec.generated_token_ids[k],
+            finished=f.complete and k == f.restored - 1) for k in range(f.restored))
         try:
             while True:
-                ev = await f.events.get()
+                ev = backlog.popleft() if backlog else await f.events.get()
                 if ev is None:
                     reason = "cancelled"
                     raise GatewayError(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
@@ -435,8 +558,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 last = ev.finished or hit
                 if last:
                     reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
+                if ev.index < start:  # the client has it
+                    if last:
+                        return
+                    continue
                 t = time.time()
-                timeline.token(t, f.instance_id, ev)
+                if not f.adopted:  # a restored one's TTFT and gaps span the restart
+                    timeline.token(t, f.instance_id, ev)
                 yield gateway_pb2.GenerateChunk(
                     request_id=rid, index=ev.index, token_id=ev.token_id, text=text, time=t,
                     arrival_time=spec.arrival_time, finish_reason=reason if last else "",
@@ -448,7 +576,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
         finally:
             where = self.release(f, cancel=not sched_done)
             st = self.statuses.get(where)
-            timeline.finish(self.log, spec, where, st.policy if st else "", reason, why)
+            if f.adopted:
+                self.log.info("request_resumed_end", request_id=spec.request_id,
+                              instance=where, start_index=start, finish_reason=reason,
+                              output_tokens=len(spec.generated_token_ids),
+                              **({"drop_reason": why} if why else {}))
+            else:
+                timeline.finish(self.log, spec, where, st.policy if st else "", reason, why)
 
     def release(self, f: Flight, cancel: bool) -> str:
         """Forget ``f``; ``cancel``: its instance still runs it (client gone, cancelled, a
@@ -519,6 +653,20 @@ class GatewayService(gateway_grpc.GatewayServicer):
                     return float(value)
         return time.time()
 
+    async def Attach(
+        self, request: gateway_pb2.AttachRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
+        try:
+            f = self.attach(self._owner(context), request.request_id, request.start_index)
+        except GatewayError as exc:
+            await _abort(context, exc)
+        try:
+            async with aclosing(self.tokens(f, request.start_index)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        except GatewayError as exc:
+            await _abort(context, exc)
+
     async def Cancel(
         self, request: gateway_pb2.CancelRequest, context: grpc.aio.ServicerContext
     ) -> gateway_pb2.CancelResponse:
@@ -526,7 +674,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
         f = self.flights.get(scoped_id(owner, request.request_id))
         if f is not None and f.owner != owner:
             f = None  # another key's request: as if unknown (no oracle of others' ids)
-        if f is not None:
+        if f is not None and f.detached_until is not None:  # restored, no client: end it
+            self.release(f, cancel=not f.done)
+            self._ended(f.spec.request_id, GatewayError(
+                grpc.StatusCode.CANCELLED, f"request {f.client_id}: cancelled"))
+            self.log.info("request_cancelled_unattached", request_id=f.spec.request_id,
+                          output_tokens=len(f.spec.generated_token_ids))
+        elif f is not None:
             f.events.put_nowait(None)
         return gateway_pb2.CancelResponse(found=f is not None)
 
@@ -633,6 +787,7 @@ async def serve(args: argparse.Namespace) -> None:
                          inputs)
     svc.auth_on = bool(keys)
     svc.tenants = TenantLimiter(tenants) if tenants.on else None
+    svc.reattach_grace = args.reattach_grace
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
@@ -651,6 +806,8 @@ async def serve(args: argparse.Namespace) -> None:
     async def leave() -> None:  # a stopping gateway moves no request: it stops following
         follow.cancel()
         await beat.leave()
+
+    tasks.append(asyncio.create_task(svc.expire_forever()))
     # multi-MB requests (poison or not) leave freed buffers in glibc's arenas: give them back
     tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if keys:
@@ -717,6 +874,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-token-burst", type=AT_LEAST_0F,
                    default=0.0, metavar="TOKENS",
                    help=f"the bucket's depth (0: {DEFAULT_BURST_S:g} s of the rate)")
+    p.add_argument("--reattach-grace", type=number(float, 0, strict=True),
+                   default=REATTACH_GRACE_S, metavar="SECONDS",
+                   help="after a restart, how long a restored request waits for its client "
+                        "to re-attach (Attach) before it is cancelled (issue 34)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")

@@ -12,7 +12,12 @@ gateway reconnects. Its ``Hello`` lists its in-flight requests: known ones
 resume (tokens the gateway lacks are replayed at once; later copies of them,
 held or regenerated, and regenerated tokens it has are dropped here; the gateway
 also drops any token by its index), unknown ones are admitted afresh with
-the tokens the gateway already has, and unlisted ones are cancelled.
+the tokens the gateway already has. Restored requests it does not list (a whole-stack
+restart: the new gateway knows none) are offered to it, first on the stream
+(``SchedulerOutput.restored``, with their tokens; ones complete in Redis and ones the
+instance refused too), so their clients can re-attach (issue 34, item 6); other
+unlisted ones (the gateway alone restarted: their clients' streams broke) are cancelled,
+with one log line.
 """
 
 from __future__ import annotations
@@ -88,23 +93,30 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.schedule_time: deque[float] = deque(maxlen=5000)
         self.unhidden: deque[float] = deque(maxlen=5000)  # executor idle between batches
         self.coefficients = Published([], 0, 0, 0.0, "", "", 0.0)
+        # restored from Redis, not yet offered to a gateway (``_hello``): ids still queued
+        # here, complete ones (every max_tokens in Redis) and ones admission refused
+        self.unclaimed: set[str] = set()
+        self.unclaimed_done: list[common_pb2.RequestSpec] = []
+        self.unclaimed_refused: list[tuple[common_pb2.RequestSpec, str]] = []
         self.log = obs.setup_logging("scheduler").bind(instance=instance.instance_id)
 
     # --- requests ---------------------------------------------------------------
     def admit(self, spec: common_pb2.RequestSpec, persist: bool = True,
-              fresh: bool = False) -> None:
+              fresh: bool = False) -> str | None:
         """A submission: resume it if known, else add it to the instance. A ``fresh``
         one (off the gateway's stream, not a restore or re-announcement) that is a first
         placement (``sloserve.driver.first_placement``: not a re-run or offload) may be
-        refused by admission control (``sloserve.admission``): a drop with the reason."""
+        refused by admission control (``sloserve.admission``): a drop with the reason.
+        Returns the reason it was refused, else None."""
         rid = spec.request_id
         now = self.clock.at_event(spec.dispatch_time or spec.arrival_time)
         req = self.instance.requests.get(rid)
+        self.unclaimed.discard(rid)  # a gateway knows it
         if req is None and rid in self.specs:
-            return  # finished here; its release (and last tokens) are on their way
+            return None  # finished here; its release (and last tokens) are on their way
         if req is not None:  # the gateway re-announced it: replay what it lacks
             self._replay(rid, len(spec.generated_token_ids), req.output_token_ids or [], now)
-            return
+            return None
         try:
             kv = self.instance.kv  # prefix caching: identity from the prompt's token ids
             unit = kv.block_size if kv.prefix_caching else None
@@ -117,7 +129,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self.log.debug("request_refused", request_id=rid, reason=str(exc))
             self.send(scheduler_pb2.SchedulerOutput(
                 dropped=[scheduler_pb2.Drop(request_id=rid, reason=str(exc))]))
-            return
+            return str(exc)
         self.log.debug("request_admitted", request_id=rid, prompt_tokens=len(
             spec.prompt_token_ids), generated=len(spec.generated_token_ids),
             max_tokens=spec.max_tokens, priority=spec.priority)
@@ -125,6 +137,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         if persist:
             self.store.accept(spec)
         self.wake.set()
+        return None
 
     def _replay(self, rid: str, have: int, tokens: list[int], now: float) -> None:
         """Send tokens ``have``.. of ``rid`` at once, ahead of any held message; their
@@ -176,16 +189,24 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         return out
 
     def restore(self, saved: list[tuple[common_pb2.RequestSpec, list[int]]]) -> None:
+        """Re-queue what Redis holds; each is offered to the first gateway (``_hello``)."""
         for spec, tokens in saved:
-            if len(tokens) >= spec.max_tokens:  # finished before the crash was recorded
-                self.store.forget(spec.request_id)
-                continue
             del spec.generated_token_ids[:]
             spec.generated_token_ids.extend(tokens)
-            self.admit(spec, persist=False)
+            if len(tokens) >= spec.max_tokens:  # finished before the crash was recorded
+                self.store.forget(spec.request_id)
+                self.unclaimed_done.append(spec)
+                continue
+            why = self.admit(spec, persist=False)
+            if why is not None:  # e.g. a smaller KV than before the restart
+                self.store.forget(spec.request_id)
+                self.unclaimed_refused.append((spec, why))
+            else:
+                self.unclaimed.add(spec.request_id)
         if not self.specs:
             self.synced.set()
-        self.log.info("restored", requests=len(self.specs))
+        self.log.info("restored", requests=len(self.specs), complete=len(self.unclaimed_done),
+                      refused=len(self.unclaimed_refused))
 
     # --- executor health ------------------------------------------------------------
     async def _set_health(self, serving: bool) -> None:
@@ -255,14 +276,48 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 self.outq = None
 
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
+        """Resume what the gateway lists; offer it the restored requests it does not (first
+        on its stream, so their tokens never precede them); cancel the rest."""
         self.replayed = {}  # watermarks are per connection
         listed = {s.request_id for s in hello.inflight}
-        for rid in [r for r in self.specs if r not in listed]:
+        self._offer_restored(listed)
+        gone = [r for r in self.specs if r not in listed and r not in self.unclaimed]
+        for rid in gone:
             self.cancel(rid)
+        if gone:  # the gateway alone restarted: these clients' streams broke with it
+            self.log.info("unlisted_cancelled", gateway=hello.gateway_id, requests=len(gone))
         for spec in hello.inflight:
             self.admit(spec)
+        self.unclaimed.clear()  # offered: the gateway owns them now
         self.synced.set()
         self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
+
+    def _offer_restored(self, listed: set[str]) -> None:
+        """``SchedulerOutput.restored`` (and drops for the refused ones) to the connecting
+        gateway: every restored request it does not list, with all its tokens."""
+        if self.outq is None:
+            return
+        live = {spec.request_id: (spec, tokens) for spec, tokens in self.live_requests()}
+        offered = [*self.unclaimed_done]
+        for rid in sorted(self.unclaimed - listed, key=lambda r: live[r][0].arrival_time):
+            spec, tokens = live[rid]
+            msg = common_pb2.RequestSpec()
+            msg.CopyFrom(spec)
+            del msg.generated_token_ids[:]
+            msg.generated_token_ids.extend(tokens)
+            offered.append(msg)
+        refused = [(s, why) for s, why in self.unclaimed_refused if s.request_id not in listed]
+        if not offered and not refused:
+            return
+        out = self.output()
+        out.restored.extend(offered)
+        out.restored.extend(s for s, _ in refused)
+        out.dropped.extend(scheduler_pb2.Drop(request_id=s.request_id, reason=why)
+                           for s, why in refused)
+        self._put(self.outq, out)
+        self.log.info("restored_offered", requests=len(offered) - len(self.unclaimed_done),
+                      complete=len(self.unclaimed_done), refused=len(refused))
+        self.unclaimed_done, self.unclaimed_refused = [], []
 
     async def _read(
         self, it: AsyncIterator[scheduler_pb2.SchedulerInput],
