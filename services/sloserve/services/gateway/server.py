@@ -803,8 +803,14 @@ async def serve(args: argparse.Namespace) -> None:
     tasks = [follow]
     beat = await announce(redis, args, "gateway", log=svc.log)
 
-    async def leave() -> None:  # a stopping gateway moves no request: it stops following
+    async def leave() -> None:
+        """A stopping gateway moves and cancels no request: it stops following the
+        registry and closes its scheduler links before the server ends its clients'
+        streams, so their requests stay on the schedulers (and in Redis) for the next
+        gateway to adopt (issue 34, item 6)."""
         follow.cancel()
+        for t in [t for ts in svc.tasks.values() for t in ts]:
+            t.cancel()
         await beat.leave()
 
     tasks.append(asyncio.create_task(svc.expire_forever()))
