@@ -73,7 +73,7 @@ from sloserve.sim.overhead import (
 )
 from sloserve.sim.report import RunTotals, run_summary
 from sloserve.sim.split import PartObservations
-from sloserve.sim.steady import DecodeTime, SteadyRun
+from sloserve.sim.steady import DecodeTimes, SteadyRun
 from sloserve.sketch import QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
@@ -211,8 +211,8 @@ class Simulation:
         self._ticket_hook = [type(i.policy).offers_ticket is not Policy.offers_ticket
                              for i in self.instances]
         # steady runs (sim.steady): most decodes each instance's policy promises a plan for
-        self._decode_time: list[DecodeTime | None] = [getattr(t, "decode_batch_time", None)
-                                                      for t in timings]
+        self._decode_times: list[DecodeTimes | None] = [
+            getattr(t, "decode_batch_times", None) for t in timings]
         self._steady_limit = [self._steady_limit_of(k) for k in range(len(self.instances))]
         self.num_steady = 0  # iterations started in steady runs (no policy call), at run ends
         # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
@@ -288,9 +288,9 @@ class Simulation:
     def _steady_limit_of(self, k: int) -> int:
         """Instance ``k``'s policy's ``steady_decodes``, or 0 where this driver would have
         to see each iteration: a hook, a plan or sample record, an overhead gap, prefix
-        caching, a ground truth without ``decode_batch_time``, or steady runs turned off."""
+        caching, a ground truth without ``decode_batch_times``, or steady runs turned off."""
         inst, cfg = self.instances[k], self.cfg
-        if (not cfg.steady or self._decode_time[k] is None or cfg.overlap or cfg.record_samples
+        if (not cfg.steady or self._decode_times[k] is None or cfg.overlap or cfg.record_samples
                 or cfg.record_decisions or self.overhead is not None or inst.kv.prefix_caching
                 or self._ticket_hook[k] or inst.has_batch_end_hook):
             return 0
@@ -399,9 +399,9 @@ class Simulation:
         if not self.instances[k].has_work:
             return
         if self._steady_limit[k]:
-            decode_time = self._decode_time[k]
-            assert decode_time is not None
-            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now, decode_time)
+            decode_times = self._decode_times[k]
+            assert decode_times is not None
+            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now, decode_times)
             if steady is not None:
                 self.in_flight[k], end = steady
                 self.ends.push(end, k)
