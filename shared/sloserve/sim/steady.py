@@ -63,7 +63,9 @@ class SteadyRun:
         if inst.waiting or not running or len(running) > limit:
             return None
         last = 1 << 62
-        for r in running:  # every one decoding (not in_prefill); the first to end, when
+        # every one decoding (not in_prefill); the first to end, when. From the latest
+        # admitted: one still in its prefill (the usual refusal) is most likely that one
+        for r in reversed(running):
             g = r.num_generated
             if g == 0 or r.prompt_len + g - r.num_computed > 1:
                 return None
