@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, replace
 from functools import partial
 from itertools import repeat
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 from sloserve.batch import BatchPlan, BatchShape, ScheduledItem
 from sloserve.defaults import TBT_SLO, default_token_budget
@@ -141,9 +141,9 @@ class BudgetConfig(PolicyConfig):
         return default_token_budget(TBT_SLO, None)
 
 
-class InstanceView(NamedTuple):
-    """What a policy may look at. Policies must not mutate it. A NamedTuple: immutable and
-    cheap to build (one per policy call: 2-3x faster than a frozen dataclass)."""
+@dataclass(frozen=True, slots=True)
+class InstanceView:
+    """What a policy may look at. Policies must not mutate it."""
 
     instance_id: str
     now: float

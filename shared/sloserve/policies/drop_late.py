@@ -11,6 +11,7 @@ started prefill and have produced no token are dropped.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cache
 
 from sloserve.batch import BatchPlan
@@ -31,7 +32,7 @@ def with_drop_late(base: type[Policy]) -> type[Policy]:
                 return super().schedule(view)  # type: ignore[no-any-return]
             ids = {r.request_id for r in late}
             rest = [r for r in view.waiting if r.request_id not in ids]
-            plan: BatchPlan = super().schedule(view._replace(waiting=rest))
+            plan: BatchPlan = super().schedule(replace(view, waiting=rest))
             plan.dropped.extend(r.request_id for r in late)
             return plan
 
