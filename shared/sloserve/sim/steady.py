@@ -6,10 +6,11 @@ running order. Between two events that reach an instance (a request dispatched t
 it, a request's last token, KV short of a block) its iterations then differ only in
 their contexts (+1 each), and its state reports to the controller do not change (no
 waiting prefill, a ticket offered). A ``SteadyRun`` runs those iterations: per
-iteration the simulator still pops the batch end, draws the ground-truth time
-(``decode_batch_times``: the same time and noise draw, in the same global order),
-queues the perf-model sample (its shape built only if it is ever applied) and adds
-the KV utilisation, but builds no plan, item, shape or token event. The requests'
+iteration the simulator still draws the ground-truth time (``decode_batch_times``:
+the same time and noise draw, in the same global order), queues the perf-model sample
+(its shape built only if it is ever applied) and adds the KV utilisation, but builds no
+plan, item, shape or token event; its end goes through the event heap only when another
+event may come first (``Simulation._finish_steady``). The requests'
 progress, token times and KV blocks are written back by ``settle`` before anything
 else looks at the instance. Decisions, timings and every summary field are those of
 asking the policy each iteration (tests/sim/test_steady.py).
