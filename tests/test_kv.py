@@ -85,3 +85,15 @@ def test_grow_each_of_the_prefix_caching_manager_goes_through_allocate() -> None
     a.grow_each(["x", "x"])
     b.allocate("x", 12)
     assert a.block_table("x") == b.block_table("x") and a.num_free_blocks == b.num_free_blocks
+
+
+def test_blocks_go_out_lowest_first_and_freed_ones_are_reused_first() -> None:
+    """Block ids in the order of one ``pop`` per block (the live executor's KV tensors and
+    the simulator's written-back steady runs see the same ids)."""
+    kv = BlockManager(8, 4)
+    assert kv.allocate("a", 9) == [0, 1, 2]
+    assert kv.allocate("b", 4) == [3]
+    kv.free("a")
+    assert kv.allocate("c", 8) == [0, 1]
+    assert kv.allocate("c", 13) == [2, 4]
+    assert kv.block_table("c") == [0, 1, 2, 4]

@@ -62,7 +62,10 @@ class BlockManager:
             )
         if not need:
             return []
-        new = [self._free.pop() for _ in range(need)]
+        free = self._free
+        new = free[-need:]  # the last ``need`` free blocks, in the order ``pop`` takes them
+        del free[-need:]
+        new.reverse()
         self._tables.setdefault(request_id, []).extend(new)
         return new
 

@@ -34,6 +34,20 @@ def test_same_seed_gives_the_same_times_and_noise_has_the_requested_cv(
     assert cv == pytest.approx(0.03, rel=0.15)
 
 
+@pytest.mark.parametrize("tp", [1, 2])
+def test_decode_batch_times_of_a_fixed_size_are_decode_batch_time_bit_for_bit(tp: int) -> None:
+    """A steady run's batch times (``sim.steady``): the size's terms computed once, the
+    same floats and the same noise draws, in the same order, as one call per batch."""
+    fast, ref = (ProfileTiming("llama-3-8b", "a100", seed=3, tp=tp) for _ in range(2))
+    for n in (1, 2, 7, 64, 255, 3000):  # 3000: past the profile's last point
+        time_of = fast.decode_batch_times(n)
+        for cs in (n, 1_000 * n + 17, 12_345 * n + 1):
+            assert time_of(cs) == ref.decode_batch_time(n, cs)
+    noiseless = ProfileTiming("llama-3-8b", "a100", noise_cv=0.0, tp=tp)
+    assert noiseless.decode_batch_times(5)(700) == noiseless.noiseless_time(
+        BatchShape(decodes=(100, 200, 100, 150, 150)))
+
+
 def test_zero_noise_gives_the_noiseless_time() -> None:
     gt = ProfileTiming("llama-2-7b", "a100", noise_cv=0.0)
     assert [gt.batch_time(s) for s in SHAPES] == [gt.noiseless_time(s) for s in SHAPES]

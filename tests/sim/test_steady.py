@@ -83,6 +83,10 @@ CASES: dict[str, dict[str, Any]] = {
                     seed=2),
     "sarathi_kv": dict(policy="sarathi", qps=3.0, num_requests=300, num_blocks=900, seed=3),
     "orca": dict(policy="orca", qps=2.0, num_requests=200, seed=1),
+    # refits on simulated time: a steady run's iterations that end in one go advance the
+    # clock at each end, as the event loop does
+    "sarathi_refit_clock": dict(policy="sarathi", qps=2.0, num_requests=300, seed=5,
+                                refit_interval=0.5),
     # a frozen model observes every batch as it comes (no deferral)
     "sarathi_roofline": dict(policy="sarathi", qps=2.0, num_requests=200, seed=4,
                              perf_model="roofline"),

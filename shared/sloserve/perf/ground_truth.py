@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -188,12 +189,17 @@ class ProfileTiming:
         """Noiseless time of a decode-only batch of ``num_decodes`` >= 1 sequences whose
         contexts sum to ``context_sum``: the decode-only case of ``noiseless_time``, which
         calls it (a decode-only batch's time depends on nothing else)."""
-        t = ITERATION_OVERHEAD + SEQUENCE_OVERHEAD * num_decodes
-        t += (context_sum + num_decodes * (1 + self._page)) * self._ctx_time + self._launch
-        t += self.linear_time(num_decodes) + self.lm_head_time(num_decodes)
-        if self._ar_fixed:
-            t += self._ar_fixed + self._ar_time * num_decodes
-        return t
+        fixed, pages, tables, ar = self._decode_terms(num_decodes)
+        t = fixed + ((context_sum + pages) * self._ctx_time + self._launch) + tables
+        return t + ar if self._ar_fixed else t
+
+    def _decode_terms(self, num_decodes: int) -> tuple[float, int, float, float]:
+        """The terms of ``decode_time`` that depend on the batch size alone: per-iteration
+        and per-sequence overhead, the tokens read beyond the contexts (a page and the new
+        token per sequence), linear + LM head, the all-reduce (TP > 1)."""
+        n = num_decodes
+        return (ITERATION_OVERHEAD + SEQUENCE_OVERHEAD * n, n * (1 + self._page),
+                self.linear_time(n) + self.lm_head_time(n), self._ar_fixed + self._ar_time * n)
 
     def with_noise_stream(self, seed: int | str) -> ProfileTiming:
         """The same ground truth drawing its noise from its own stream seeded ``seed``
@@ -211,3 +217,15 @@ class ProfileTiming:
         """``batch_time`` of a decode-only batch from its size and context sum alone (the
         simulator's steady state, ``sim.steady``): the same time, the same noise draw."""
         return self._noise.apply(self.decode_time(num_decodes, context_sum))
+
+    def decode_batch_times(self, num_decodes: int) -> Callable[[int], float]:
+        """``decode_batch_time`` of ``num_decodes`` sequences as a function of the context
+        sum alone, the terms that depend on the size computed once (a steady run's batches,
+        ``sim.steady``, one per iteration): the same floats, the same noise draws."""
+        fixed, pages, tables, ar = self._decode_terms(num_decodes)
+        ctx_time, launch, noise = self._ctx_time, self._launch, self._noise.apply
+        if not self._ar_fixed:
+            return lambda context_sum: noise(
+                fixed + ((context_sum + pages) * ctx_time + launch) + tables)
+        return lambda context_sum: noise(
+            fixed + ((context_sum + pages) * ctx_time + launch) + tables + ar)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import heapq
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -72,7 +73,7 @@ from sloserve.sim.overhead import (
 )
 from sloserve.sim.report import RunTotals, run_summary
 from sloserve.sim.split import PartObservations
-from sloserve.sim.steady import DecodeTime, SteadyRun
+from sloserve.sim.steady import DecodeTimes, SteadyRun
 from sloserve.sketch import QuantileSketch
 from sloserve.workload.generate import Workload, make_requests
 from sloserve.workload.multiturn import MULTITURN, multiturn_requests
@@ -210,8 +211,8 @@ class Simulation:
         self._ticket_hook = [type(i.policy).offers_ticket is not Policy.offers_ticket
                              for i in self.instances]
         # steady runs (sim.steady): most decodes each instance's policy promises a plan for
-        self._decode_time: list[DecodeTime | None] = [getattr(t, "decode_batch_time", None)
-                                                      for t in timings]
+        self._decode_times: list[DecodeTimes | None] = [
+            getattr(t, "decode_batch_times", None) for t in timings]
         self._steady_limit = [self._steady_limit_of(k) for k in range(len(self.instances))]
         self.num_steady = 0  # iterations started in steady runs (no policy call), at run ends
         # streaming metrics (cfg.metrics == "stream"): finished requests are folded into a
@@ -287,9 +288,9 @@ class Simulation:
     def _steady_limit_of(self, k: int) -> int:
         """Instance ``k``'s policy's ``steady_decodes``, or 0 where this driver would have
         to see each iteration: a hook, a plan or sample record, an overhead gap, prefix
-        caching, a ground truth without ``decode_batch_time``, or steady runs turned off."""
+        caching, a ground truth without ``decode_batch_times``, or steady runs turned off."""
         inst, cfg = self.instances[k], self.cfg
-        if (not cfg.steady or self._decode_time[k] is None or cfg.overlap or cfg.record_samples
+        if (not cfg.steady or self._decode_times[k] is None or cfg.overlap or cfg.record_samples
                 or cfg.record_decisions or self.overhead is not None or inst.kv.prefix_caching
                 or self._ticket_hook[k] or inst.has_batch_end_hook):
             return 0
@@ -325,7 +326,7 @@ class Simulation:
             t = times[k]
             while heap and heap[0][0] <= t:  # batch ends first at equal times
                 now, _, inst = pop(heap)
-                finish(inst, now)
+                finish(inst, now, t)
             now = t
             if clock is not None:
                 clock(now)
@@ -335,7 +336,7 @@ class Simulation:
             carry_out(admit(req, now), now)
         while heap:
             now, _, inst = pop(heap)
-            finish(inst, now)
+            finish(inst, now, math.inf)
         self.policy_perf.flush()  # the model as it would be after every observation
         return now
 
@@ -398,9 +399,9 @@ class Simulation:
         if not self.instances[k].has_work:
             return
         if self._steady_limit[k]:
-            decode_time = self._decode_time[k]
-            assert decode_time is not None
-            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now, decode_time)
+            decode_times = self._decode_times[k]
+            assert decode_times is not None
+            steady = SteadyRun.begin(self.instances[k], self._steady_limit[k], now, decode_times)
             if steady is not None:
                 self.in_flight[k], end = steady
                 self.ends.push(end, k)
@@ -466,23 +467,36 @@ class Simulation:
         self.batch_start[k] = run.start
         self.num_steady += run.started
 
-    def _finish_steady(self, k: int, run: SteadyRun, now: float) -> None:
+    def _finish_steady(self, k: int, run: SteadyRun, now: float, until: float) -> None:
         """A steady iteration that ends no request ended: what ``_finish_batch`` does for
         it, without a plan. It has no first or last token, and the state report it would
-        make repeats the last one (nothing waiting, no prefill, a ticket offered)."""
-        self.policy_perf.observe_decodes(run.contexts, run.started - 1, now - run.start)
-        self.num_iterations += 1
-        self.kv_util_sum += (run.num_blocks - run.free) / run.num_blocks
-        run.ends.append(now)
-        end = run.next_end(now)
-        if end is not None:
-            self.ends.push(end, k)
-            return
+        make repeats the last one (nothing waiting, no prefill, a ticket offered). The
+        iterations after it that also end no request and end before any other event (the
+        next arrival at ``until``, a batch end or report in the heap) end here too, one by
+        one as the event loop would end them, without a round trip through the heap."""
+        heap, observe = self.ends.heap, self.policy_perf.observe_decodes
+        while True:
+            observe(run.contexts, run.started - 1, now - run.start)
+            self.num_iterations += 1
+            self.kv_util_sum += (run.num_blocks - run.free) / run.num_blocks
+            run.ends.append(now)
+            end = run.next_end(now)
+            if end is None:
+                break
+            # ties: a batch end before an arrival, after an earlier-pushed heap entry
+            if run.started >= run.last or end > until or (heap and heap[0][0] <= end):
+                self.ends.push(end, k)
+                return
+            now = end
+            if self._clock:  # as ``_finish_batch`` does at each batch end
+                self.policy_perf.advance(now)
         self._settle(k, now)  # KV is short for the next iteration: the policy decides it
         self._report_state(k, now)
         self._kick(k, now, back_to_back=True)
 
-    def _finish_batch(self, k: int, now: float) -> None:
+    def _finish_batch(self, k: int, now: float, until: float = math.inf) -> None:
+        """The heap entry ``k`` at ``now``: a batch end, a policy's timer, or a report
+        reaching the controller; ``until``: the next arrival's time."""
         if k < 0:  # not a batch: a report reaching the controller (``cfg.controller_lag``)
             tokens, (j, made, waiting, offers) = self._reports.pop(k)
             if tokens:
@@ -501,7 +515,7 @@ class Simulation:
         flight = self.in_flight[k]
         if isinstance(flight, SteadyRun):
             if flight.started < flight.last:
-                self._finish_steady(k, flight, now)
+                self._finish_steady(k, flight, now, until)
                 return
             self._settle(k, now)  # its last iteration ends a request: finished as any other
             flight = self.in_flight[k]

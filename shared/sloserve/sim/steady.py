@@ -6,10 +6,11 @@ running order. Between two events that reach an instance (a request dispatched t
 it, a request's last token, KV short of a block) its iterations then differ only in
 their contexts (+1 each), and its state reports to the controller do not change (no
 waiting prefill, a ticket offered). A ``SteadyRun`` runs those iterations: per
-iteration the simulator still pops the batch end, draws the ground-truth time
-(``decode_batch_time``: the same time and noise draw, in the same global order),
-queues the perf-model sample (its shape built only if it is ever applied) and adds
-the KV utilisation, but builds no plan, item, shape or token event. The requests'
+iteration the simulator still draws the ground-truth time (``decode_batch_times``:
+the same time and noise draw, in the same global order), queues the perf-model sample
+(its shape built only if it is ever applied) and adds the KV utilisation, but builds no
+plan, item, shape or token event; its end goes through the event heap only when another
+event may come first (``Simulation._finish_steady``). The requests'
 progress, token times and KV blocks are written back by ``settle`` before anything
 else looks at the instance. Decisions, timings and every summary field are those of
 asking the policy each iteration (tests/sim/test_steady.py).
@@ -23,7 +24,8 @@ from sloserve.batch import BatchPlan, BatchShape, ScheduledItem
 from sloserve.instance import Instance
 from sloserve.request import Request
 
-DecodeTime = Callable[[int, int], float]  # (decodes, context sum) -> measured batch time
+# decodes -> (context sum -> measured batch time): ``ProfileTiming.decode_batch_times``
+DecodeTimes = Callable[[int], Callable[[int], float]]
 
 
 class SteadyRun:
@@ -32,15 +34,16 @@ class SteadyRun:
     written back into the requests and ``allocated`` into the KV blocks."""
 
     __slots__ = ("inst", "reqs", "contexts", "n", "context_sum", "last", "counts", "bs",
-                 "num_blocks", "free", "started", "ends", "start", "decode_time", "done",
+                 "num_blocks", "free", "started", "ends", "start", "batch_time", "done",
                  "allocated", "stop")
 
     def __init__(self, inst: Instance, reqs: list[Request], last: int,
-                 decode_time: DecodeTime) -> None:
+                 decode_times: DecodeTimes) -> None:
         kv = inst.kv
-        self.inst, self.reqs, self.decode_time = inst, reqs, decode_time
+        self.inst, self.reqs = inst, reqs
         self.contexts = tuple([r.num_computed for r in reqs])  # KV tokens at the first one
         self.n, self.context_sum = len(reqs), sum(self.contexts)
+        self.batch_time = decode_times(self.n)  # context sum -> an iteration's time
         self.last = last  # the first iteration in which a request ends: the run's last
         self.bs, self.num_blocks, self.free = kv.block_size, kv.num_blocks, kv.num_free_blocks
         counts = [0] * self.bs  # decodes per context residue: iteration j+1 needs counts[-j % bs]
@@ -54,20 +57,22 @@ class SteadyRun:
 
     @classmethod
     def begin(cls, inst: Instance, limit: int, now: float,
-              decode_time: DecodeTime) -> tuple[SteadyRun, float] | None:
+              decode_times: DecodeTimes) -> tuple[SteadyRun, float] | None:
         """A run whose first iteration starts at ``now`` (and its end), if ``inst`` is in
         its policy's steady state with at most ``limit`` decodes; else None."""
         running = inst.running
         if inst.waiting or not running or len(running) > limit:
             return None
         last = 1 << 62
-        for r in running:  # every one decoding (not in_prefill); the first to end, when
+        # every one decoding (not in_prefill); the first to end, when. From the latest
+        # admitted: one still in its prefill (the usual refusal) is most likely that one
+        for r in reversed(running):
             g = r.num_generated
             if g == 0 or r.prompt_len + g - r.num_computed > 1:
                 return None
             if r.output_len - g < last:
                 last = r.output_len - g
-        run = cls(inst, list(running), last, decode_time)
+        run = cls(inst, list(running), last, decode_times)
         end = run.next_end(now)
         return None if end is None else (run, end)
 
@@ -83,7 +88,7 @@ class SteadyRun:
         self.free -= need
         self.started = j + 1
         self.start = now
-        return now + self.decode_time(self.n, self.context_sum + self.n * j)
+        return now + self.batch_time(self.context_sum + self.n * j)
 
     def write_back(self) -> None:
         """Write the run into the instance as the iterations would have, one by one: the
