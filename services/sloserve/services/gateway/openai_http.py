@@ -66,7 +66,8 @@ STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
     grpc.StatusCode.CANCELLED: (499, "cancelled"),
 }
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
-HTTP_FIELDS = {"prompt_token_ids": "prompt", "request_id": "x-request-id"}  # gRPC -> HTTP
+HTTP_FIELDS = {"prompt_token_ids": "prompt", "request_id": "x-request-id",  # gRPC -> HTTP
+               "structured_outputs": "response_format"}
 INT32 = (-(1 << 31), (1 << 31) - 1)  # the wire's int32 fields (token ids, top_k, priority)
 INT64 = (-(1 << 63), (1 << 63) - 1)  # seed, as vLLM's OpenAI server bounds it
 

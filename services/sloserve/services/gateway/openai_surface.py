@@ -26,19 +26,53 @@ from typing import Any
 
 from sloserve.services.proto import common_pb2, gateway_pb2
 
-COMMON_FIELDS = frozenset((
-    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "seed",
-    "stop", "stop_token_ids", "ignore_eos", "n", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "min_tokens", "min_p", "logprobs", "response_format", "user",
-    "ttft_slo_ms", "tbt_slo_ms", "jct_slo_ms", "priority", "logit_bias"))
+COMMON_FIELDS = frozenset(
+    (
+        "model",
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "min_tokens",
+        "min_p",
+        "logprobs",
+        "response_format",
+        "user",
+        "ttft_slo_ms",
+        "tbt_slo_ms",
+        "jct_slo_ms",
+        "priority",
+        "logit_bias",
+    )
+)
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
 CHAT_FIELDS = COMMON_FIELDS | {
-    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-    "parallel_tool_calls", "continue_final_message", "add_generation_prompt"}
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "continue_final_message",
+    "add_generation_prompt",
+}
 # accepted only at these values (the neutral ones): anything else is a 400 naming the field
 NEUTRAL_ONLY: dict[str, tuple[object, ...]] = {
-    "best_of": (None, 1), "suffix": (None, ""), "logit_bias": (None, {}),
-    "parallel_tool_calls": (None, True)}
+    "best_of": (None, 1),
+    "suffix": (None, ""),
+    "logit_bias": (None, {}),
+    "parallel_tool_calls": (None, True),
+}
 MAX_N = 64  # choices per request (vLLM has no bound; this keeps one body's fan-out sane)
 MAX_PROMPTS = 256  # prompts in one /v1/completions batch
 LOGPROB_FLOOR = -9999.0  # vLLM clamps -inf to this in its answers
@@ -107,8 +141,12 @@ def _bool(body: dict[str, Any], name: str, default: bool = False) -> bool:
 def sampling_extras(body: dict[str, Any], s: common_pb2.Sampling) -> None:
     """Penalties, ``min_p``, ``min_tokens`` into ``s`` (ranges: ``validate``); a neutral
     value is left unset, so it holds on every backend."""
-    for name, neutral in (("presence_penalty", 0.0), ("frequency_penalty", 0.0),
-                          ("repetition_penalty", 1.0), ("min_p", 0.0)):
+    for name, neutral in (
+        ("presence_penalty", 0.0),
+        ("frequency_penalty", 0.0),
+        ("repetition_penalty", 1.0),
+        ("min_p", 0.0),
+    ):
         v = _number(body, name)
         if not _neutral(v, neutral):
             setattr(s, name, v)
@@ -134,8 +172,9 @@ def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
         if top is None:
             return None
     if not 0 <= top <= 20:
-        raise SurfaceError(f"{'top_logprobs' if chat else 'logprobs'}: must be in [0, 20], "
-                           f"got {top}")
+        raise SurfaceError(
+            f"{'top_logprobs' if chat else 'logprobs'}: must be in [0, 20], got {top}"
+        )
     return top
 
 
@@ -154,16 +193,20 @@ def response_format(body: dict[str, Any], s: common_pb2.Sampling) -> None:
         spec = rf.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
         if not isinstance(schema, dict):
-            raise SurfaceError("response_format: json_schema needs json_schema.schema, "
-                               "an object")
+            raise SurfaceError("response_format: json_schema needs json_schema.schema, an object")
         s.structured_outputs = json.dumps({"json": schema})
         return
-    raise SurfaceError("response_format: type must be text, json_object or json_schema, "
-                       f"got {kind!r}")
+    raise SurfaceError(
+        f"response_format: type must be text, json_object or json_schema, got {kind!r}"
+    )
 
 
-def _tools(body: dict[str, Any], surface: Surface, req: gateway_pb2.GenerateRequest,
-           tools: VllmTools | None) -> None:
+def _tools(
+    body: dict[str, Any],
+    surface: Surface,
+    req: gateway_pb2.GenerateRequest,
+    tools: VllmTools | None,
+) -> None:
     """``tools`` and ``tool_choice``: the tools go to the chat template (as vLLM renders
     them, whatever the choice); any choice but ``none`` runs vLLM's tool calling, which
     needs the gateway's ``--tool-call-parser``."""
@@ -172,10 +215,16 @@ def _tools(body: dict[str, Any], surface: Surface, req: gateway_pb2.GenerateRequ
         if choice not in (None, "none"):
             raise SurfaceError("tool_choice: needs tools")
         return
-    if not (isinstance(listed, list) and all(
-            isinstance(t, dict) and t.get("type") == "function"
+    if not (
+        isinstance(listed, list)
+        and all(
+            isinstance(t, dict)
+            and t.get("type") == "function"
             and isinstance(t.get("function"), dict)
-            and isinstance(t["function"].get("name"), str) for t in listed)):
+            and isinstance(t["function"].get("name"), str)
+            for t in listed
+        )
+    ):
         raise SurfaceError("tools: must be a list of {type: function, function: {name, ...}}")
     surface.tools = listed
     req.tools_json = json.dumps(listed)
@@ -184,11 +233,14 @@ def _tools(body: dict[str, Any], surface: Surface, req: gateway_pb2.GenerateRequ
         return
     named = isinstance(choice, dict)
     if not named and choice not in ("auto", "required"):
-        raise SurfaceError(f"tool_choice: must be none, auto, required or a named function, "
-                           f"got {choice!r}")
+        raise SurfaceError(
+            f"tool_choice: must be none, auto, required or a named function, got {choice!r}"
+        )
     if tools is None:
-        raise SurfaceError(f"tool_choice: {'a named function' if named else repr(choice)} "
-                           "needs the gateway started with --tool-call-parser (as vllm serve)")
+        raise SurfaceError(
+            f"tool_choice: {'a named function' if named else repr(choice)} "
+            "needs the gateway started with --tool-call-parser (as vllm serve)"
+        )
     surface.tool_choice = "function" if named else str(choice)
     try:
         surface.tool_call, structured = tools.start(body)
@@ -210,7 +262,8 @@ class VllmTools:
         from vllm.parser.parser_manager import ParserManager
 
         self.tokenizer: Any = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-            tokenizer_object=Tokenizer.from_str(tokenizer_json))
+            tokenizer_object=Tokenizer.from_str(tokenizer_json)
+        )
         get: Any = ParserManager.get_parser
         parser = get(tool_parser_name=name, enable_auto_tools=True, tokenizer=self.tokenizer)
         if parser is None:
@@ -240,8 +293,12 @@ class VllmTools:
         return content, [(c.name, c.arguments) for c in calls or ()]
 
 
-def parse_surface(body: dict[str, Any], chat: bool, req: gateway_pb2.GenerateRequest,
-                  tools: VllmTools | None = None) -> Surface:
+def parse_surface(
+    body: dict[str, Any],
+    chat: bool,
+    req: gateway_pb2.GenerateRequest,
+    tools: VllmTools | None = None,
+) -> Surface:
     """Everything of the body beyond the base request, into ``req`` (sampling, chat
     rendering) and the returned :class:`Surface` (fan-out, answer shape)."""
     check_fields(body, chat)
@@ -260,7 +317,8 @@ def parse_surface(body: dict[str, Any], chat: bool, req: gateway_pb2.GenerateReq
         surface.continuous_usage = _bool(opts, "continuous_usage_stats")
     if chat:
         if body.get("response_format") not in (None, {"type": "text"}) and (
-                body.get("tools") and body.get("tool_choice") not in (None, "none")):
+            body.get("tools") and body.get("tool_choice") not in (None, "none")
+        ):
             raise SurfaceError("response_format: not with tool_choice other than none")
         _tools(body, surface, req, tools)
         req.continue_final_message = _bool(body, "continue_final_message")
@@ -269,23 +327,34 @@ def parse_surface(body: dict[str, Any], chat: bool, req: gateway_pb2.GenerateReq
     else:
         surface.echo = _bool(body, "echo")
         if surface.echo and surface.top_logprobs is not None:
-            raise SurfaceError("echo: not with logprobs (the prompt's logprobs are not "
-                               "computed here)")
+            raise SurfaceError(
+                "echo: not with logprobs (the prompt's logprobs are not computed here)"
+            )
     return surface
 
 
 def prompts_of(prompt: object) -> list[str | list[int]] | None:
     """A /v1/completions ``prompt`` as a list of prompts (a string, token ids, or a list of
     either), or None when it is not one of those shapes."""
+
     def ids(p: object) -> bool:  # ints the wire's int32 token ids hold
-        return isinstance(p, list) and bool(p) and all(
-            isinstance(t, int) and not isinstance(t, bool) and -(1 << 31) <= t < (1 << 31)
-            for t in p)
+        return (
+            isinstance(p, list)
+            and bool(p)
+            and all(
+                isinstance(t, int) and not isinstance(t, bool) and -(1 << 31) <= t < (1 << 31)
+                for t in p
+            )
+        )
 
     if isinstance(prompt, str) or ids(prompt):
         return [prompt]  # type: ignore[list-item]
-    if isinstance(prompt, list) and prompt and len(prompt) <= MAX_PROMPTS and all(
-            isinstance(p, str) or ids(p) for p in prompt):
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and len(prompt) <= MAX_PROMPTS
+        and all(isinstance(p, str) or ids(p) for p in prompt)
+    ):
         return list(prompt)
     return None
 
@@ -304,23 +373,42 @@ def _floor(v: float) -> float:
     return max(v, LOGPROB_FLOOR)
 
 
-def chat_logprobs(items: Sequence[tuple[int, common_pb2.TokenLogprobs]], top: int,
-                  text_of: Callable[[int], str]) -> dict[str, Any]:
+def chat_logprobs(
+    items: Sequence[tuple[int, common_pb2.TokenLogprobs]], top: int, text_of: Callable[[int], str]
+) -> dict[str, Any]:
     """``choices[].logprobs`` of a chat answer (vLLM's ``_create_chat_logprobs``)."""
     content = []
     for tid, lp in items:
         tok = text_of(tid)
-        alts = [{"token": (t := text_of(i)), "logprob": _floor(v),
-                 "bytes": list(t.encode("utf-8", errors="replace"))}
-                for i, v in _top(lp, tid)[:top]] if top else []
-        content.append({"token": tok, "logprob": _floor(lp.logprob),
-                        "bytes": list(tok.encode("utf-8", errors="replace")),
-                        "top_logprobs": alts})
+        alts = (
+            [
+                {
+                    "token": (t := text_of(i)),
+                    "logprob": _floor(v),
+                    "bytes": list(t.encode("utf-8", errors="replace")),
+                }
+                for i, v in _top(lp, tid)[:top]
+            ]
+            if top
+            else []
+        )
+        content.append(
+            {
+                "token": tok,
+                "logprob": _floor(lp.logprob),
+                "bytes": list(tok.encode("utf-8", errors="replace")),
+                "top_logprobs": alts,
+            }
+        )
     return {"content": content}
 
 
-def completion_logprobs(items: Sequence[tuple[int, common_pb2.TokenLogprobs]], top: int,
-                        text_of: Callable[[int], str], offset: int = 0) -> dict[str, Any]:
+def completion_logprobs(
+    items: Sequence[tuple[int, common_pb2.TokenLogprobs]],
+    top: int,
+    text_of: Callable[[int], str],
+    offset: int = 0,
+) -> dict[str, Any]:
     """``choices[].logprobs`` of a completion (vLLM's ``_create_completion_logprobs``:
     the sampled token and ``top`` alternatives per token, offsets into the text)."""
     tokens: list[str] = []
@@ -332,13 +420,20 @@ def completion_logprobs(items: Sequence[tuple[int, common_pb2.TokenLogprobs]], t
         offsets.append(offset if not offsets else offsets[-1] + len(tokens[-1]))
         tokens.append(tok)
         values.append(_floor(lp.logprob))
-        tops.append({text_of(i): _floor(v) for i, v in _top(lp, tid)[:top + 1]})
-    return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens,
-            "top_logprobs": tops}
+        tops.append({text_of(i): _floor(v) for i, v in _top(lp, tid)[: top + 1]})
+    return {
+        "text_offset": offsets,
+        "token_logprobs": values,
+        "tokens": tokens,
+        "top_logprobs": tops,
+    }
 
 
-def tool_calls_of(surface: Surface, text: str, tools: VllmTools | None,
-                  ) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
+def tool_calls_of(
+    surface: Surface,
+    text: str,
+    tools: VllmTools | None,
+) -> tuple[str | None, list[dict[str, Any]] | None, str | None]:
     """(content, tool_calls, finish_reason override) of a finished chat answer: vLLM's
     parser's calls, ``tool_calls`` as the reason when ``auto`` or ``required`` called one
     (vLLM's rule; a named function keeps ``stop``); no ``tool_calls`` without tools."""
@@ -347,7 +442,13 @@ def tool_calls_of(surface: Surface, text: str, tools: VllmTools | None,
     if surface.tool_call is None or tools is None:
         return text, [], None
     content, calls = tools.parse(surface.tool_call, text)
-    out = [{"id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}", "type": "function",
-            "function": {"name": name, "arguments": args}} for name, args in calls]
+    out = [
+        {
+            "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+            "type": "function",
+            "function": {"name": name, "arguments": args},
+        }
+        for name, args in calls
+    ]
     reason = "tool_calls" if out and surface.tool_choice in ("auto", "required") else None
     return (content if content is not None else ("" if out else None)), out, reason
