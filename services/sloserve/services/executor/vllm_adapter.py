@@ -241,7 +241,9 @@ class VllmRunner:
 
         from vllm.v1.request import Request
 
-        req = Request(n.req_id, list(n.token_ids), params, None)
+        bounded = params.clone()  # vLLM's Request wants a bound; stopping stays ours
+        bounded.max_tokens = self.max_model_len
+        req = Request(n.req_id, list(n.token_ids), bounded, None)
         manager = self._core.structured_output_manager
         manager.grammar_init(req)
         so = req.structured_output_request

@@ -168,6 +168,23 @@ def check_vllm_sampling(s: common_pb2.Sampling) -> None:
         if not (isinstance(so, dict) and len(so) == 1 and set(so) <= STRUCTURED_KINDS):
             raise InvalidInput("sampling.structured_outputs: one of "
                                f"{', '.join(sorted(STRUCTURED_KINDS))}")
+        if "json" in so:
+            check_json_schema(so["json"])
+
+
+def check_json_schema(schema: object) -> None:
+    """A JSON schema xgrammar (vLLM's structured-output backend) can compile, checked here
+    as vLLM's frontend checks it, so the executor never meets one it cannot run."""
+    try:
+        import xgrammar
+    except ImportError:  # no vLLM here: the executor's grammar compile is the check
+        return
+    try:
+        xgrammar.Grammar.from_json_schema(schema if isinstance(schema, str)
+                                          else json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises several kinds
+        raise InvalidInput(f"sampling.structured_outputs: the JSON schema does not compile "
+                           f"({str(exc).splitlines()[0][:200]})") from None
 
 
 def check_backends(s: common_pb2.Sampling, backends: set[str]) -> None:
