@@ -321,7 +321,7 @@ def test_tool_choices_none_auto_required_named_answer_as_stock_vllm(servers: Ser
             "chat",
             messages=ask,
             temperature=0,
-            max_tokens=40,
+            max_tokens=80,
             tools=TOOLS,
             tool_choice=choice,
         )
@@ -397,3 +397,17 @@ def test_fields_not_served_are_400_naming_the_field(servers: Servers) -> None:
         with pytest.raises(openai.BadRequestError) as err:
             api.create(model=MODEL, max_tokens=2, extra_body=extra, **body)
         assert err.value.body["param"] == field, err.value.body  # type: ignore[index]
+
+
+def test_auto_tool_choice_parses_a_hermes_call_with_vllms_parser() -> None:
+    """SmolLM2-135M's greedy answer above calls no tool under ``auto``; the parser that
+    ``auto`` runs (vLLM's, via ``VllmTools``) turns its format into OpenAI's tool calls."""
+    from sloserve.services.gateway.openai_surface import VllmTools
+
+    tools = VllmTools("hermes", (resolve(MODEL) / "tokenizer.json").read_text())
+    body = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "auto"}
+    call, structured = tools.start(body)
+    assert structured is None  # auto: unconstrained, as vLLM runs it
+    text = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert tools.parse(call, text) == (None, [("get_weather", '{"city": "Paris"}')])
+    assert tools.parse(call, "It is sunny.") == ("It is sunny.", [])
