@@ -63,7 +63,7 @@ def test_non_streamed_chat_has_usage_counting_the_chatml_prompt(stack: Stack) ->
 
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "ttft_slo_ms": "soon"}, 400, "ttft_slo_ms"),
     ({"prompt": 5}, 400, "prompt"),
