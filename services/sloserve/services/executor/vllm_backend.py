@@ -170,6 +170,12 @@ class VllmEngine:
                    tables, self.block_size,
                    self.num_blocks, self.runner.max_num_batched_tokens, self.runner.max_num_seqs)
 
+    def _sampling_ids(self, items: list[executor_pb2.PlanItem]) -> list[str]:
+        """The items that complete their sequence (sample a token), in the plan's order."""
+        return [i.request_id for i in items
+                if self._seqs[i.request_id].num_computed + i.num_tokens
+                >= len(self._seqs[i.request_id].token_ids)]
+
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
         tables = self.tables.apply(plan)  # the wire carries deltas
         for rid in plan.freed:
@@ -204,9 +210,7 @@ class VllmEngine:
             seq.runner_blocks = table
             seq.in_runner = True
         drop, self._drop = self._drop, set()
-        sampling = [i.request_id for i in items
-                    if self._seqs[i.request_id].num_computed + i.num_tokens
-                    >= len(self._seqs[i.request_id].token_ids)]
+        sampling = self._sampling_ids(items)
         start = time.perf_counter()
         sampled = self.runner.step(news, cached, {i.request_id: i.num_tokens for i in items},
                                    drop, sampling)
