@@ -27,3 +27,13 @@ def test_engine_states_export_each_instances_queues_and_kv_usage_under_its_engin
     assert got[("vllm:kv_cache_usage_perc", "b")] == 0.0  # no blocks reported yet: 0, not an error
     assert sum(v for (n, _), v in got.items() if n == "vllm:cache_config_info") == 2
     assert list(metrics.EngineStates().collect()) == []  # no source (not the gateway): nothing
+
+
+def test_waiting_by_reason_puts_the_whole_queue_under_capacity_as_vllm_sums_it() -> None:
+    """vLLM's ``num_requests_waiting_by_reason`` (issue 35): capacity + deferred = waiting."""
+    collector = metrics.EngineStates()
+    collector.source = lambda: ("m", {"a": metrics.EngineState(2, 3, 16, 64, 1, 16)})
+    got = {(s.name, s.labels.get("reason")): s.value
+           for fam in collector.collect() for s in fam.samples}
+    assert got[("vllm:num_requests_waiting_by_reason", "capacity")] == 3
+    assert got[("vllm:num_requests_waiting_by_reason", "deferred")] == 0

@@ -63,7 +63,7 @@ def test_non_streamed_chat_has_usage_counting_the_chatml_prompt(stack: Stack) ->
 
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
-    ({"prompt": "x", "n": 2}, 400, "n"),
+    ({"prompt": "x", "n": 0}, 400, "n"),
     ({"prompt": "x", "temperature": -1}, 400, "temperature"),
     ({"prompt": "x", "ttft_slo_ms": "soon"}, 400, "ttft_slo_ms"),
     ({"prompt": 5}, 400, "prompt"),
@@ -94,10 +94,30 @@ def test_a_body_over_the_message_limit_is_refused_unread_with_400(stack: Stack) 
 
 
 def test_openai_client_raises_its_own_error_types(stack: Stack) -> None:
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
-        _client(stack).chat.completions.create(model=MODEL, messages=CHAT, n=2)
+    with pytest.raises(openai.BadRequestError, match="unknown_field: not supported"):
+        _client(stack).chat.completions.create(model=MODEL, messages=CHAT,
+                                               extra_body={"unknown_field": 1})
     with pytest.raises(openai.NotFoundError):
         _client(stack).chat.completions.create(model="nope", messages=CHAT)
+
+
+def test_fields_only_vllm_samples_are_400_naming_the_backend_on_sim(stack: Stack) -> None:
+    """Issue 35, item 2: never ignored; a neutral value (vllm bench's repetition_penalty 1)
+    changes nothing and is served."""
+    client = _client(stack)
+    for extra in ({"logprobs": True}, {"presence_penalty": 0.5}, {"min_tokens": 2},
+                  {"response_format": {"type": "json_object"}}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2,
+                                           extra_body=extra)
+        body = err.value.body
+        assert isinstance(body, dict) and "vllm backend only" in body["message"], body
+        assert body["param"] == next(iter(extra)), body
+    ok = client.completions.create(model=MODEL, prompt=["ab", "cd"], n=2, max_tokens=3,
+                                   extra_body={"repetition_penalty": 1.0})
+    assert [c.index for c in ok.choices] == [0, 1, 2, 3]
+    assert all(c.finish_reason == "length" for c in ok.choices)
+    assert ok.usage is not None and ok.usage.completion_tokens == 12
 
 
 def test_stop_string_ends_the_output_before_it(stack: Stack) -> None:

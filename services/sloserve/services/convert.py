@@ -128,14 +128,18 @@ def plan_to_proto(
 def tokens_to_proto(
     events: Iterable[TokenEvent], stopped: Iterable[str], out: scheduler_pb2.SchedulerOutput,
     requests: Mapping[str, Request] | None = None,
+    logprobs: Mapping[str, common_pb2.TokenLogprobs] | None = None,
 ) -> None:
     """``requests``: the instance's, to stamp a first token with its request's queue and
-    prefill time (vLLM's, exported on the API port; issue 35, item 3)."""
+    prefill time (vLLM's, exported on the API port; issue 35, item 3); ``logprobs``: the
+    executor's, by request (issue 35, item 2)."""
     stop = set(stopped) if stopped else ()
     add = out.tokens.add
     for ev in events:
         t = add(request_id=ev.request_id, index=ev.index, token_id=ev.token_id, time=ev.time,
                 finished=ev.finished, stopped=ev.request_id in stop)
+        if logprobs and (lp := logprobs.get(ev.request_id)) is not None:
+            t.logprobs.CopyFrom(lp)
         r = requests.get(ev.request_id) if ev.index == 0 and requests is not None else None
         if r is not None and r.first_scheduled_time is not None:
             t.queue_time = max(0.0, r.first_scheduled_time - r.arrival_time)

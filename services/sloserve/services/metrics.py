@@ -109,6 +109,11 @@ class EngineStates(Collector):
                                     "running batch", labels=E)
         waiting = GaugeMetricFamily("vllm:num_requests_waiting", "Requests waiting on the "
                                     "instance for their first scheduling", labels=E)
+        # vLLM's split of the waiting queue: ``capacity`` (waiting for room in a batch: all of
+        # ours) and ``deferred`` (LoRA budget, KV transfer, blocked: nothing here) (issue 35)
+        by_reason = GaugeMetricFamily("vllm:num_requests_waiting_by_reason", "Waiting requests "
+                                      "by reason (capacity; deferred: none here)",
+                                      labels=E + ["reason"])
         kv = GaugeMetricFamily("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1", labels=E)
         gpu = GaugeMetricFamily("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's "
                                 "older name for kv_cache_usage_perc)", labels=E)
@@ -119,11 +124,13 @@ class EngineStates(Collector):
             usage = st.kv_used_blocks / st.kv_num_blocks if st.kv_num_blocks else 0.0
             running.add_metric([model, engine], st.num_running)
             waiting.add_metric([model, engine], st.num_waiting)
+            by_reason.add_metric([model, engine, "capacity"], st.num_waiting)
+            by_reason.add_metric([model, engine, "deferred"], 0)
             kv.add_metric([model, engine], usage)
             gpu.add_metric([model, engine], usage)
             pre.add_metric([model, engine], st.num_preemptions)
             info.add_metric([model, engine, str(st.block_size), str(st.kv_num_blocks)], 1.0)
-        yield from (running, waiting, kv, gpu, pre, info)
+        yield from (running, waiting, by_reason, kv, gpu, pre, info)
 
 
 ENGINES = EngineStates()

@@ -71,6 +71,9 @@ def add_parser(subparsers: Any) -> None:
                    help="serve plaintext on a non-loopback --host (refused otherwise)")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the gateway's OpenAI-compatible HTTP API (0: off)")
+    p.add_argument("--tool-call-parser", default="", metavar="NAME",
+                   help="vLLM's tool parser for tool_choice auto, as vllm serve's flag "
+                        "(SmolLM2: hermes; default: none, auto is refused)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, type=url_arg,
@@ -121,6 +124,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         tls_internal_dir=args.tls_internal_dir,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
+        tool_call_parser=args.tool_call_parser,
     )
     cfg.validate()
     return cfg

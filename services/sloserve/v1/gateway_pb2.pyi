@@ -33,6 +33,9 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    TOOLS_JSON_FIELD_NUMBER: _builtins.int
+    ADD_GENERATION_PROMPT_FIELD_NUMBER: _builtins.int
+    CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     """text; or give prompt_token_ids instead"""
     max_tokens: _builtins.int
@@ -44,6 +47,13 @@ class GenerateRequest(_message.Message):
     """higher = more urgent"""
     request_id: _builtins.str
     """optional; the gateway assigns one when empty"""
+    tools_json: _builtins.str
+    """Chat rendering (issue 35, item 2): the template's `tools` (OpenAI's tool objects as a
+    JSON list; empty: none), its add_generation_prompt (unset: true), and
+    continue_final_message (end inside the last message, as transformers does).
+    """
+    add_generation_prompt: _builtins.bool
+    continue_final_message: _builtins.bool
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -69,17 +79,24 @@ class GenerateRequest(_message.Message):
         request_id: _builtins.str = ...,
         sampling: _common_pb2.Sampling | None = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        tools_json: _builtins.str = ...,
+        add_generation_prompt: _builtins.bool | None = ...,
+        continue_final_message: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "add_generation_prompt", b"add_generation_prompt", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "add_generation_prompt", b"add_generation_prompt", "continue_final_message", b"continue_final_message", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "tools_json", b"tools_json", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
+    _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015
     _WhichOneofReturnType__tbt_slo: _TypeAlias = _typing.Literal["tbt_slo"]  # noqa: Y015
     _WhichOneofArgType__tbt_slo: _TypeAlias = _typing.Literal["_tbt_slo", b"_tbt_slo"]  # noqa: Y015
     _WhichOneofReturnType__ttft_slo: _TypeAlias = _typing.Literal["ttft_slo"]  # noqa: Y015
     _WhichOneofArgType__ttft_slo: _TypeAlias = _typing.Literal["_ttft_slo", b"_ttft_slo"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__add_generation_prompt) -> _WhichOneofReturnType__add_generation_prompt | None: ...
     @_typing.overload
     def WhichOneof(self, oneof_group: _WhichOneofArgType__jct_slo) -> _WhichOneofReturnType__jct_slo | None: ...
     @_typing.overload
@@ -103,6 +120,7 @@ class GenerateChunk(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     NUM_OFFLOADS_FIELD_NUMBER: _builtins.int
     PRODUCED_TIME_FIELD_NUMBER: _builtins.int
+    LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """0 = first output token"""
@@ -119,6 +137,10 @@ class GenerateChunk(_message.Message):
     num_offloads: _builtins.int
     produced_time: _builtins.float
     """when the instance's iteration produced the token"""
+    @_builtins.property
+    def logprobs(self) -> _common_pb2.TokenLogprobs:
+        """when Sampling.logprobs is set"""
+
     def __init__(
         self,
         *,
@@ -132,10 +154,11 @@ class GenerateChunk(_message.Message):
         instance_id: _builtins.str = ...,
         num_offloads: _builtins.int = ...,
         produced_time: _builtins.float = ...,
+        logprobs: _common_pb2.TokenLogprobs | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "request_id", b"request_id", "text", b"text", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "logprobs", b"logprobs", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "request_id", b"request_id", "text", b"text", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -85,6 +85,7 @@ class _Svc:
     model = "m"
     limits = Limits(max_tokens_total=64, vocab_size=256)
     links = {"0": SimpleNamespace(connected=True)}
+    tools = None  # no --tool-call-parser
 
     def __init__(self) -> None:
         self.logged: list[dict[str, Any]] = []

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from sloserve.batch import BatchSample, BatchShape
 from sloserve.defaults import NOISE_CV
-from sloserve.services.proto import executor_pb2
+from sloserve.services.proto import common_pb2, executor_pb2
 
 # The sim's tokens are a function of (request id, index): it has no distribution to
 # sample from, so these fields change nothing (it says so in Info). It has no EOS either:
@@ -31,6 +31,8 @@ class Step:
     duration_s: float = 0.0  # sim: how long the batch must take; torch: how long it took
     realtime_wait: bool = False  # True: the service waits out duration_s
     kv_used_blocks: int = 0  # blocks in the batch's tables (backends that get tables)
+    # request -> its token's logprobs, for requests whose Sampling.logprobs is set (vllm)
+    logprobs: dict[str, common_pb2.TokenLogprobs] = field(default_factory=dict)
 
 
 class Backend(Protocol):

@@ -144,7 +144,8 @@ class ExecutorService(executor_grpc.ExecutorServicer):
             result = executor_pb2.IterationResult(
                 iteration=plan.iteration,
                 tokens=[
-                    executor_pb2.SampledToken(request_id=r, token_id=t)
+                    executor_pb2.SampledToken(request_id=r, token_id=t,
+                                              logprobs=step.logprobs.get(r))
                     for r, t in step.tokens.items()
                 ],
                 stopped=sorted(step.stopped),

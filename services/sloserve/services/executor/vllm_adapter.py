@@ -92,12 +92,34 @@ def require_supported() -> str:
 
 @dataclass(frozen=True, slots=True)
 class SeqSampling:
-    """vLLM ``SamplingParams`` fields we carry (the wire's ``Sampling``)."""
+    """vLLM ``SamplingParams`` fields we carry (the wire's ``Sampling``; issue 35, item 2)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    min_tokens: int = 0
+    logprobs: int | None = None  # top alternatives to return with each token; None: none
+    structured_outputs: str = ""  # vLLM's StructuredOutputsParams fields as JSON ("": none)
+    stop_ids: tuple[int, ...] = ()  # EOS (unless ignore_eos) and stop ids: min_tokens masks them
+
+    @property
+    def structured(self) -> bool:
+        return bool(self.structured_outputs)
+
+
+@dataclass(frozen=True, slots=True)
+class Sampled:
+    """One sampled token and, when asked for, vLLM's logprobs of it."""
+
+    token_id: int
+    logprob: float | None = None
+    rank: int = 0
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass(slots=True)
@@ -109,6 +131,7 @@ class NewSeq:
     sampling: SeqSampling
     block_ids: list[int]
     num_computed: int
+    num_output: int = 0  # of token_ids, the output tokens (a grammar advances over them)
 
 
 @dataclass(slots=True)
@@ -185,6 +208,8 @@ class VllmRunner:
         self.max_num_batched_tokens = int(config.scheduler_config.max_num_batched_tokens)
         self.max_model_len = int(config.model_config.max_model_len)
         self._zero_new = bool(getattr(self._core.scheduler, "needs_kv_cache_zeroing", False))
+        self._structured: dict[str, Any] = {}  # req id -> vLLM Request holding its grammar
+        self._want_logprobs: dict[str, int] = {}  # req id -> top alternatives it asked for
 
     @staticmethod
     def is_cpu_build() -> bool:
@@ -193,10 +218,52 @@ class VllmRunner:
 
     def _sampling(self, s: SeqSampling) -> Any:
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
-        # stopping (EOS, stop ids, max_tokens) is ours; the runner only samples
-        return SamplingParams(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0,
-                              seed=s.seed, max_tokens=None, ignore_eos=True)
+        structured = None
+        if s.structured:
+            structured = StructuredOutputsParams(**json.loads(s.structured_outputs))
+            structured._backend = "xgrammar"  # vLLM's default ("auto" picks it for JSON)
+        # stopping (EOS, stop ids, max_tokens) is ours; the runner only samples. The stop
+        # ids travel for min_tokens (vLLM's MinTokensLogitsProcessor masks them) and for the
+        # grammar (it allows them once the JSON is complete)
+        return SamplingParams(
+            temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0, seed=s.seed,
+            max_tokens=None, ignore_eos=True, stop_token_ids=list(s.stop_ids),
+            presence_penalty=s.presence_penalty, frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty, min_p=s.min_p, min_tokens=s.min_tokens,
+            logprobs=s.logprobs, structured_outputs=structured)
+
+    def _grammar_init(self, n: NewSeq, params: Any) -> None:
+        """Compile ``n``'s grammar with vLLM's StructuredOutputManager (xgrammar) and
+        advance it over the output tokens it already has (a re-add after a restart)."""
+        from concurrent.futures import Future
+
+        from vllm.v1.request import Request
+
+        bounded = params.clone()  # vLLM's Request wants a bound; stopping stays ours
+        bounded.max_tokens = self.max_model_len
+        req = Request(n.req_id, list(n.token_ids), bounded, None)
+        manager = self._core.structured_output_manager
+        manager.grammar_init(req)
+        so = req.structured_output_request
+        assert so is not None  # the params hold a constraint
+        if isinstance(so._grammar, Future):
+            so.grammar = so._grammar.result()  # raises a schema the backend cannot compile
+        if n.num_output:
+            manager.accept_tokens(req, list(n.token_ids[-n.num_output:]))
+        self._structured[n.req_id] = req
+
+    def _grammar_output(self, sampling: list[str]) -> Any:
+        """vLLM's GrammarOutput (bitmask rows) for the structured requests among ``sampling``
+        (those that sample a token this step, in the batch's order), or None."""
+        from vllm.v1.core.sched.output import GrammarOutput
+
+        ids = [r for r in sampling if r in self._structured]
+        if not ids:
+            return None
+        mask = self._core.structured_output_manager.grammar_bitmask(self._structured, ids, {})
+        return None if mask is None else GrammarOutput(ids, mask)
 
     def step(
         self,
@@ -204,9 +271,11 @@ class VllmRunner:
         cached: list[CachedSeq],
         num_tokens: dict[str, int],
         finished: set[str],
-    ) -> dict[str, int]:
+        sampling: list[str] | None = None,
+    ) -> dict[str, Sampled]:
         """One forward pass + sampling; the token sampled for each request that completed
-        its tokens (partial prefill chunks sample nothing). ``finished`` are dropped first."""
+        its tokens (partial prefill chunks sample nothing). ``finished`` are dropped first.
+        ``sampling``: the requests that sample this step (a grammar constrains those)."""
         from vllm.v1.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 
         if self.threads:
@@ -220,12 +289,20 @@ class VllmRunner:
 
         fresh: list[int] = []
         new_reqs = []
+        for rid in finished:
+            self._structured.pop(rid, None)
+            self._want_logprobs.pop(rid, None)
         for n in new:
             blocks = [b + NULL_BLOCK for b in n.block_ids]
             fresh += blocks
+            params = self._sampling(n.sampling)
+            if n.sampling.logprobs is not None:
+                self._want_logprobs[n.req_id] = n.sampling.logprobs
+            if n.sampling.structured:
+                self._grammar_init(n, params)
             new_reqs.append(NewRequestData(
                 req_id=n.req_id, prompt_token_ids=list(n.token_ids), mm_features=[],
-                sampling_params=self._sampling(n.sampling), pooling_params=None,
+                sampling_params=params, pooling_params=None,
                 block_ids=(blocks,), num_computed_tokens=n.num_computed, lora_request=None))
         new_block_ids: list[tuple[list[int], ...] | None] = []
         for c in cached:
@@ -251,13 +328,31 @@ class VllmRunner:
         )
         result = self._executor.execute_model(out)
         if result is None:
-            result = self._executor.sample_tokens(None)
+            result = self._executor.sample_tokens(self._grammar_output(sampling or []))
         if result is None or not num_tokens:
             return {}
-        sampled: dict[str, int] = {}
-        for rid, toks in zip(result.req_ids, result.sampled_token_ids):
-            if toks:
-                sampled[str(rid)] = int(toks[-1])
+        return self._sampled(result)
+
+    def _sampled(self, result: Any) -> dict[str, Sampled]:
+        """The step's tokens with their logprobs (rows of vLLM's ``LogprobsLists``: the
+        sampled token first, then the batch's most asked-for number of alternatives); each
+        structured request's grammar advances over its token."""
+        lp = result.logprobs
+        manager = self._core.structured_output_manager
+        sampled: dict[str, Sampled] = {}
+        for k, (rid, toks) in enumerate(zip(result.req_ids, result.sampled_token_ids)):
+            if not toks:
+                continue
+            rid, tok = str(rid), int(toks[-1])
+            if (req := self._structured.get(rid)) is not None:
+                manager.accept_tokens(req, [tok])
+            want = self._want_logprobs.get(rid)
+            if lp is None or want is None:
+                sampled[rid] = Sampled(tok)
+                continue
+            ids, vals = lp.logprob_token_ids[k], lp.logprobs[k]
+            top = tuple((int(ids[j]), float(vals[j])) for j in range(1, 1 + want))
+            sampled[rid] = Sampled(tok, float(vals[0]), int(lp.sampled_token_ranks[k]), top)
         return sampled
 
     def shutdown(self) -> None:

@@ -30,6 +30,7 @@ from sloserve.services.executor.block_tables import BlockTables
 from sloserve.services.executor.vllm_adapter import (
     CachedSeq,
     NewSeq,
+    Sampled,
     SeqSampling,
     VllmRunner,
 )
@@ -43,6 +44,7 @@ class _Seq:
     max_tokens: int  # output tokens in all, including those generated before a re-add
     sampling: SeqSampling
     stop_ids: frozenset[int]
+    min_tokens: int = 0  # a stop id ends it only after this many output tokens
     num_computed: int = 0
     in_runner: bool = False
     runner_blocks: list[int] = field(default_factory=list)  # the table vLLM holds
@@ -50,8 +52,9 @@ class _Seq:
     resume: bool = False  # preempted while in the runner: send the whole new table
 
 
-def sampling_of(s: common_pb2.Sampling) -> SeqSampling:
-    """The wire's ``Sampling`` with vLLM's defaults for unset fields."""
+def sampling_of(s: common_pb2.Sampling, stop_ids: frozenset[int] = frozenset()) -> SeqSampling:
+    """The wire's ``Sampling`` with vLLM's defaults for unset fields; ``stop_ids``: the
+    tokens that end the request (EOS unless ignore_eos, stop ids)."""
     temperature = s.temperature if s.HasField("temperature") else 1.0
     top_p = s.top_p if s.HasField("top_p") else 1.0
     top_k = s.top_k if s.HasField("top_k") else 0
@@ -61,7 +64,26 @@ def sampling_of(s: common_pb2.Sampling) -> SeqSampling:
         raise ValueError(f"sampling.top_p: must be in (0, 1], got {top_p}")
     if top_k < 0:
         raise ValueError(f"sampling.top_k: must be >= 0 (0 disables), got {top_k}")
-    return SeqSampling(temperature, top_p, top_k, s.seed if s.HasField("seed") else None)
+    def opt(name: str, default: float) -> float:
+        return float(getattr(s, name)) if s.HasField(name) else default  # type: ignore[arg-type]
+
+    return SeqSampling(
+        temperature, top_p, top_k, s.seed if s.HasField("seed") else None,
+        presence_penalty=opt("presence_penalty", 0.0),
+        frequency_penalty=opt("frequency_penalty", 0.0),
+        repetition_penalty=opt("repetition_penalty", 1.0), min_p=opt("min_p", 0.0),
+        min_tokens=max(0, s.min_tokens),
+        logprobs=s.logprobs if s.HasField("logprobs") else None,
+        structured_outputs=s.structured_outputs, stop_ids=tuple(sorted(stop_ids)))
+
+
+def logprobs_proto(t: Sampled) -> common_pb2.TokenLogprobs | None:
+    """The wire's ``TokenLogprobs`` of a sampled token, None when none were asked for."""
+    if t.logprob is None:
+        return None
+    return common_pb2.TokenLogprobs(
+        logprob=t.logprob, rank=t.rank, top_token_ids=[i for i, _ in t.top],
+        top_logprobs=[v for _, v in t.top])
 
 
 class VllmEngine:
@@ -109,8 +131,9 @@ class VllmEngine:
         stop = set(s.stop_token_ids)
         if not s.ignore_eos:
             stop |= set(self.runner.eos_token_ids)
+        stop_ids = frozenset(stop)
         self._seqs[rid] = _Seq(tokens, len(new.prompt_token_ids), max(1, new.max_tokens),
-                               sampling_of(s), frozenset(stop))
+                               sampling_of(s, stop_ids), stop_ids, max(0, s.min_tokens))
 
     def assume_computed(self, rid: str, num_tokens: int) -> None:
         """Count the first ``num_tokens`` as already in the KV cache: profiling, and a
@@ -147,6 +170,12 @@ class VllmEngine:
                    tables, self.block_size,
                    self.num_blocks, self.runner.max_num_batched_tokens, self.runner.max_num_seqs)
 
+    def _sampling_ids(self, items: list[executor_pb2.PlanItem]) -> list[str]:
+        """The items that complete their sequence (sample a token), in the plan's order."""
+        return [i.request_id for i in items
+                if self._seqs[i.request_id].num_computed + i.num_tokens
+                >= len(self._seqs[i.request_id].token_ids)]
+
     def execute(self, plan: executor_pb2.BatchPlan) -> Step:
         tables = self.tables.apply(plan)  # the wire carries deltas
         for rid in plan.freed:
@@ -170,7 +199,7 @@ class VllmEngine:
             table = list(tables[it.request_id])  # a copy: ``tables`` grows in place
             if not seq.in_runner:
                 news.append(NewSeq(it.request_id, seq.token_ids, seq.sampling, table,
-                                   it.context_len))
+                                   it.context_len, len(seq.token_ids) - seq.prompt_len))
             else:
                 n = len(seq.runner_blocks)
                 append = not seq.resume and table[:n] == seq.runner_blocks
@@ -181,26 +210,33 @@ class VllmEngine:
             seq.runner_blocks = table
             seq.in_runner = True
         drop, self._drop = self._drop, set()
+        sampling = self._sampling_ids(items)
         start = time.perf_counter()
-        sampled = self.runner.step(news, cached, {i.request_id: i.num_tokens for i in items}, drop)
+        sampled = self.runner.step(news, cached, {i.request_id: i.num_tokens for i in items},
+                                   drop, sampling)
         duration = time.perf_counter() - start
         tokens: dict[str, int] = {}
+        logprobs: dict[str, common_pb2.TokenLogprobs] = {}
         stopped: set[str] = set()
         for it in items:
             seq = self._seqs[it.request_id]
             seq.num_computed += it.num_tokens
             if seq.num_computed < len(seq.token_ids):
                 continue  # a partial prefill chunk: nothing sampled
-            tok = sampled.get(it.request_id)
-            if tok is None:
+            got = sampled.get(it.request_id)
+            if got is None:
                 raise RuntimeError(f"vllm: no token sampled for {it.request_id}")
+            tok = got.token_id
             seq.token_ids.append(tok)
             seq.runner_outputs += 1
             tokens[it.request_id] = tok
-            if tok in seq.stop_ids or len(seq.token_ids) - seq.prompt_len >= seq.max_tokens:
+            if (lp := logprobs_proto(got)) is not None:
+                logprobs[it.request_id] = lp
+            n_out = len(seq.token_ids) - seq.prompt_len
+            if (tok in seq.stop_ids and n_out >= seq.min_tokens) or n_out >= seq.max_tokens:
                 stopped.add(it.request_id)
         return Step(tokens, stopped, duration, realtime_wait=False,
-                    kv_used_blocks=sum(len(t) for t in tables.values()))
+                    kv_used_blocks=sum(len(t) for t in tables.values()), logprobs=logprobs)
 
 
 class VllmBackend:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from functools import lru_cache
+from typing import Any
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -50,13 +51,32 @@ def check_messages(messages: Sequence[tuple[str, str]]) -> None:
 
 
 def render(messages: Sequence[tuple[str, str]], template: str = "", bos_token: str = "",
-           eos_token: str = "") -> str:
-    """The prompt for ``messages`` ((role, content) pairs), ending with the assistant's turn."""
+           eos_token: str = "", tools: list[Any] | None = None,
+           add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+    """The prompt for ``messages`` ((role, content) pairs), ending with the assistant's turn;
+    ``tools``: the template's ``tools`` (OpenAI's tool objects, as vLLM passes them);
+    ``continue_final_message``: end inside the last message instead (HF's rule)."""
     check_messages(messages)
+    if continue_final_message and add_generation_prompt:  # as transformers refuses it
+        raise InvalidInput("continue_final_message: needs add_generation_prompt false")
     try:
         text: str = _compile(template or CHATML).render(
-            messages=[{"role": r, "content": c} for r, c in messages],
-            add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token)
+            messages=[{"role": r, "content": c} for r, c in messages], tools=tools,
+            add_generation_prompt=add_generation_prompt, bos_token=bos_token,
+            eos_token=eos_token)
     except jinja2.TemplateError as exc:
         raise InvalidInput(f"messages: the chat template failed: {exc}") from None
-    return text
+    return continue_final(text, messages[-1][1]) if continue_final_message else text
+
+
+def continue_final(rendered: str, final: str) -> str:
+    """``rendered`` cut right after the final message's content, so the model continues it
+    (transformers' ``apply_chat_template(continue_final_message=True)``, which vLLM uses)."""
+    stripped = final.strip()
+    at = rendered.rfind(stripped)
+    if not stripped or at < 0:
+        raise InvalidInput("continue_final_message: the final message is not in the "
+                           "rendered chat (an empty or template-rewritten message)")
+    if rendered[at:at + len(final.lstrip())] == final:
+        return rendered[:at + len(final.lstrip())]
+    return rendered[:at + len(stripped)]

@@ -36,7 +36,8 @@ import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import grpc
 import uvicorn
@@ -47,6 +48,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.admission import RETRY_AFTER_S
 from sloserve.services import auth
+from sloserve.services.gateway.openai_surface import (
+    MAX_PROMPTS,
+    Surface,
+    SurfaceError,
+    VllmTools,
+    chat_logprobs,
+    completion_logprobs,
+    parse_surface,
+    prompts_of,
+    tool_calls_of,
+)
 from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
 from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
@@ -63,15 +75,9 @@ STATUS = {  # gRPC code -> (HTTP status, OpenAI error type)
     # a request restored after a restart that ended before its client re-attached
     grpc.StatusCode.ABORTED: (410, "invalid_request_error"),
 }
-# OpenAI fields we do not implement: a value other than these is a 400
-UNSUPPORTED: dict[str, tuple[object, ...]] = {
-    "logprobs": (None, False), "top_logprobs": (None, 0), "echo": (None, False),
-    "best_of": (None, 1), "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0), "logit_bias": (None, {}), "suffix": (None, ""),
-    "tools": (None, []), "response_format": (None, {"type": "text"}),
-}
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat fills the context
-HTTP_FIELDS = {"prompt_token_ids": "prompt", "request_id": "x-request-id"}  # gRPC -> HTTP
+HTTP_FIELDS = {"prompt_token_ids": "prompt", "request_id": "x-request-id",  # gRPC -> HTTP
+               "structured_outputs": "response_format"}
 INT32 = (-(1 << 31), (1 << 31) - 1)  # the wire's int32 fields (token ids, top_k, priority)
 INT64 = (-(1 << 63), (1 << 63) - 1)  # seed, as vLLM's OpenAI server bounds it
 
@@ -245,41 +251,92 @@ def lone_surrogate(body: Any, raw: bytes | None = None) -> str | None:
 def generate_request(body: Any, headers: Any, chat: bool, served: str,
                      inputs: InputLimits | None = None, raw: bytes | None = None,
                      ) -> tuple[gateway_pb2.GenerateRequest, bool]:
-    """The gateway request of an OpenAI body, and whether max_tokens was left to fill
-    the context (chat without max_tokens, as vLLM). ``inputs``: the gateway's bounds
-    (SLO range; default :class:`InputLimits`'s). Ranges are checked where the gRPC
-    API's are (``validate``, in :meth:`GatewayService.open`). ``raw``: the body's bytes
-    (spares the surrogate check on a body that cannot hold one)."""
+    """The gateway request of an OpenAI body with one prompt and one choice, and whether
+    max_tokens was left to fill the context (:func:`generate_requests`)."""
+    reqs, fill, _ = generate_requests(body, headers, chat, served, inputs, raw)
+    return reqs[0], fill
+
+
+def generate_requests(body: Any, headers: Any, chat: bool, served: str,
+                      inputs: InputLimits | None = None, raw: bytes | None = None,
+                      tools: VllmTools | None = None,
+                      ) -> tuple[list[gateway_pb2.GenerateRequest], bool, Surface]:
+    """The gateway requests of an OpenAI body (one per prompt of a batched /v1/completions;
+    ``n`` choices each are :func:`children`), whether max_tokens was left to fill the
+    context (chat without max_tokens, as vLLM), and what else the body asks for.
+    ``inputs``: the gateway's bounds (SLO range; default :class:`InputLimits`'s). Ranges
+    are checked where the gRPC API's are (``validate``, in :meth:`GatewayService.open`).
+    ``raw``: the body's bytes (spares the surrogate check on a body that cannot hold one)."""
     inputs = inputs or InputLimits()
     if not isinstance(body, dict):
         raise BadRequest("body: must be a JSON object")
     _check_body(body, served, raw)
     req = gateway_pb2.GenerateRequest(sampling=_sampling(body))
+    try:
+        surface = parse_surface(body, chat, req, tools)
+    except SurfaceError as exc:
+        raise BadRequest(str(exc)) from None
     if chat:
         _messages(body, req)
-    else:
-        _prompt(body, req)
     max_tokens = _num(body, "max_completion_tokens" if chat and "max_completion_tokens" in body
                       else "max_tokens", int, *INT32)
     fill = max_tokens is None and chat
     req.max_tokens = COMPLETIONS_MAX_TOKENS if max_tokens is None else max_tokens
-    for field, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
-                          ("jct_slo", None)):
-        value = _slo_ms(body, headers, f"{field}_ms", header, inputs)
+    for slo, header in (("ttft_slo", "x-llm-d-slo-ttft-ms"), ("tbt_slo", "x-llm-d-slo-tpot-ms"),
+                        ("jct_slo", None)):
+        value = _slo_ms(body, headers, f"{slo}_ms", header, inputs)
         if value is not None:
-            setattr(req, field, value)
+            setattr(req, slo, value)
     if (prio := _num(body, "priority", int, *INT32)) is not None:
         req.priority = prio
     rid = headers.get("x-request-id")
     if rid:
         req.request_id = rid
-    return req, fill
+    if chat:
+        return [req], fill, surface
+    prompts = prompts_of(body.get("prompt"))
+    if prompts is None:
+        raise BadRequest("prompt: must be a string, a list of token ids, or a list of "
+                         f"either (at most {MAX_PROMPTS})")
+    surface.prompts = prompts
+    reqs = []
+    for k, prompt in enumerate(prompts):
+        one = gateway_pb2.GenerateRequest()
+        one.CopyFrom(req)
+        if isinstance(prompt, str):
+            one.prompt = prompt
+        else:
+            one.prompt_token_ids.extend(prompt)
+        if len(prompts) > 1 and rid:
+            one.request_id = f"{rid}-p{k}"
+        reqs.append(one)
+    return reqs, fill, surface
+
+
+def children(reqs: list[gateway_pb2.GenerateRequest], n: int,
+             ) -> list[gateway_pb2.GenerateRequest]:
+    """The ``n`` choices of each request, in vLLM's order (choice ``k * n + j`` is prompt
+    ``k``'s ``j``-th); a seeded request's ``j``-th child samples with seed + j, as vLLM's
+    ``ParentRequest`` seeds them."""
+    if n == 1:
+        return reqs
+    out = []
+    for r in reqs:
+        for j in range(n):
+            c = gateway_pb2.GenerateRequest()
+            c.CopyFrom(r)
+            if r.sampling.HasField("seed"):
+                c.sampling.seed = r.sampling.seed + j
+            if r.request_id:
+                c.request_id = f"{r.request_id}-{j}"
+            out.append(c)
+    return out
 
 
 def _check_body(body: dict[str, Any], served: str, raw: bytes | None) -> None:
     """What a body may not hold before it is read field by field (each refused by name):
-    a lone surrogate, a non-boolean ``stream``, another model, ``n`` > 1, unsupported
-    fields, ``stream_options`` without a stream."""
+    a lone surrogate, a non-boolean ``stream``, another model, ``stream_options`` without
+    a stream."""
     if (bad := lone_surrogate(body, raw)) is not None:
         raise BadRequest(bad)
     stream = body.get("stream")
@@ -289,31 +346,11 @@ def _check_body(body: dict[str, Any], served: str, raw: bytes | None) -> None:
     if model is not None and model != served:
         raise BadRequest(f"model: the model `{model}` does not exist (serving `{served}`)",
                          grpc.StatusCode.NOT_FOUND, "model_not_found")
-    n = _num(body, "n", int)
-    if n is not None and n != 1:
-        raise BadRequest(f"n: only n=1 is supported, got {n}")
-    for name, allowed in UNSUPPORTED.items():
-        if name in body and body[name] not in allowed:
-            raise BadRequest(f"{name}: not supported by sloserve")
     opts = body.get("stream_options")
     if opts is not None and body.get("stream") is not True:  # as OpenAI and vLLM answer
         raise BadRequest("stream_options: only allowed when stream is true")
     if opts is not None and not isinstance(opts, dict):
         raise BadRequest("stream_options: must be an object")
-
-
-def _prompt(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        req.prompt = prompt
-    elif isinstance(prompt, list) and prompt and all(_token_id(t) for t in prompt):
-        req.prompt_token_ids.extend(prompt)
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise BadRequest("prompt: batched prompts are not supported; send one per request")
-    else:
-        raise BadRequest("prompt: must be a string or a list of token ids")
 
 
 def _messages(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
@@ -340,33 +377,85 @@ def _messages(body: dict[str, Any], req: gateway_pb2.GenerateRequest) -> None:
 
 
 # --- responses ---------------------------------------------------------------------------
-def _usage(f: Flight, n: int) -> dict[str, int]:
-    p = len(f.spec.prompt_token_ids)
-    return {"prompt_tokens": p, "completion_tokens": n, "total_tokens": p + n}
+def _usage(prompt_tokens: int, n: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+            "total_tokens": prompt_tokens + n}
+
+
+@dataclass(slots=True)
+class Choice:
+    """One choice of an answer: its request, and what it has produced so far."""
+
+    index: int
+    flight: Flight
+    chunks: AsyncGenerator[gateway_pb2.GenerateChunk, None]
+    prefix: str = ""  # echo: the prompt's text, before the first token's
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[tuple[int, common_pb2.TokenLogprobs]] = field(default_factory=list)
+    n_tokens: int = 0
+    finish: str | None = None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.flight.spec.prompt_token_ids)
+
+    def take(self, c: gateway_pb2.GenerateChunk) -> None:
+        self.texts.append(c.text)
+        self.n_tokens += 1
+        self.finish = c.finish_reason or None
+        if c.HasField("logprobs"):
+            self.logprobs.append((c.token_id, c.logprobs))
 
 
 class Shapes:
-    """OpenAI's object shapes for one request (completion or chat)."""
+    """OpenAI's object shapes for one answer (completion or chat, one choice or more)."""
 
-    def __init__(self, chat: bool, rid: str, model: str) -> None:
+    def __init__(self, chat: bool, rid: str, model: str, surface: Surface,
+                 text_of: Callable[[int], str], tools: VllmTools | None = None) -> None:
         self.chat, self.model, self.created = chat, model, int(time.time())
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{rid}"
         self.object = "chat.completion" if chat else "text_completion"
+        self.surface, self.text_of, self.tools = surface, text_of, tools
 
     def _base(self, obj: str) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
-    def full(self, text: str, finish: str | None, usage: dict[str, int]) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    def logprobs(self, items: list[tuple[int, common_pb2.TokenLogprobs]],
+                 offset: int = 0) -> dict[str, Any] | None:
+        top = self.surface.top_logprobs
+        if top is None:
+            return None
         if self.chat:
-            choice["message"] = {"role": "assistant", "content": text}
-        else:
-            choice["text"] = text
-        return {**self._base(self.object), "choices": [choice], "usage": usage}
+            return chat_logprobs(items, top, self.text_of)
+        return completion_logprobs(items, top, self.text_of, offset)
+
+    def choice(self, c: Choice) -> dict[str, Any]:
+        """A whole choice of a non-streamed answer."""
+        text = c.prefix + "".join(c.texts)
+        out: dict[str, Any] = {"index": c.index, "logprobs": self.logprobs(
+            c.logprobs, len(c.prefix)), "finish_reason": c.finish}
+        if not self.chat:
+            out["text"] = text
+            return out
+        content, calls, reason = tool_calls_of(self.surface, text, self.tools)
+        if reason is not None:
+            out["finish_reason"] = reason
+        out["message"] = {"role": "assistant", "content": content}
+        if calls is not None:
+            out["message"]["tool_calls"] = calls
+        return out
+
+    def full(self, choices: list[Choice]) -> dict[str, Any]:
+        usage = _usage(sum(c.prompt_tokens for c in choices[::self.surface.n]),
+                       sum(c.n_tokens for c in choices))
+        return {**self._base(self.object), "choices": [self.choice(c) for c in choices],
+                "usage": usage}
 
     def chunk(self, text: str | None, finish: str | None, with_usage: bool,
-              role: bool = False) -> dict[str, Any]:
-        choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+              role: bool = False, index: int = 0,
+              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
+                                  "finish_reason": finish}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -403,6 +492,57 @@ async def capped_body(request: Request, limit: int) -> bytes:
             raise BadRequest(f"body: over the gateway's limit of {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def json_body(request: Request, limit: int) -> dict[str, Any]:
+    """A request's JSON object body (a 400 naming ``body`` otherwise)."""
+    try:
+        body = json.loads(await capped_body(request, limit))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+        raise BadRequest(f"body: not valid JSON ({type(exc).__name__})") from None
+    if not isinstance(body, dict):
+        raise BadRequest("body: must be a JSON object")
+    if (bad := lone_surrogate(body)) is not None:
+        raise BadRequest(bad)
+    return body
+
+
+def tokenize_body(svc: GatewayService, body: dict[str, Any]) -> list[int]:
+    """The token ids of a /tokenize body (``prompt``, or ``messages`` as chat renders them;
+    ``add_special_tokens``: the tokenizer's own, e.g. a BOS, as vLLM's default adds)."""
+    model = body.get("model")
+    if model is not None and model != svc.model:
+        raise BadRequest(f"model: the model `{model}` does not exist (serving `{svc.model}`)",
+                         grpc.StatusCode.NOT_FOUND, "model_not_found")
+    special = body.get("add_special_tokens", "prompt" in body)
+    if not isinstance(special, bool):
+        raise BadRequest(f"add_special_tokens: must be true or false, got {special!r}")
+    if "messages" in body:
+        req = gateway_pb2.GenerateRequest()
+        try:
+            parse_surface({k: v for k, v in body.items() if k in (
+                "messages", "tools", "continue_final_message", "add_generation_prompt")},
+                True, req)
+            _messages(body, req)
+            text = svc.render_chat(req)
+        except (SurfaceError, InvalidInput) as exc:
+            raise BadRequest(str(exc)) from None
+    elif isinstance(body.get("prompt"), str):
+        text = body["prompt"]
+    else:
+        raise BadRequest("prompt: must be a string (or give messages)")
+    if len(text.encode()) > svc.limits.inputs.max_prompt_bytes:
+        raise BadRequest(f"prompt: over {svc.limits.inputs.max_prompt_bytes} bytes")
+    return svc.tokenizer.encode(text, special)
+
+
+def sloserve_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("sloserve")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
 
 
 # --- the app ----------------------------------------------------------------------------
@@ -461,6 +601,39 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             "owned_by": "sloserve", "root": svc.model, "parent": None,
             "max_model_len": svc.limits.max_tokens_total}]}
 
+    @app.get("/version")
+    async def version() -> dict[str, str]:
+        """vLLM's ``/version``: this server's version (sloserve's)."""
+        return {"version": sloserve_version()}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        """vLLM's ``/tokenize``: a ``prompt`` or chat ``messages`` (rendered as
+        /v1/chat/completions renders them) -> its token ids."""
+        try:
+            body = await json_body(request, svc.limits.inputs.max_message_bytes)
+            ids = tokenize_body(svc, body)
+        except GatewayError as exc:
+            return error_response(exc)
+        return JSONResponse({"count": len(ids), "max_model_len": svc.limits.max_tokens_total,
+                             "tokens": ids, "token_strs": None})
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        """vLLM's ``/detokenize``: ``tokens`` -> their text."""
+        try:
+            body = await json_body(request, svc.limits.inputs.max_message_bytes)
+            ids = body.get("tokens")
+            if not (isinstance(ids, list) and all(_token_id(t) for t in ids)):
+                raise BadRequest("tokens: must be a list of token ids")
+            bad = [t for t in ids if not 0 <= t < svc.limits.vocab_size]
+            if bad:
+                raise BadRequest(f"tokens: {bad[:3]} outside the vocabulary "
+                                 f"[0, {svc.limits.vocab_size})")
+        except GatewayError as exc:
+            return error_response(exc)
+        return JSONResponse({"prompt": svc.tokenizer.decode(ids)})
+
     async def serve(request: Request, chat: bool) -> Response:
         try:
             raw = await capped_body(request, svc.limits.inputs.max_message_bytes)
@@ -474,46 +647,46 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         renames = ({"max_tokens": "max_completion_tokens"}
                    if chat and isinstance(body, dict) and "max_completion_tokens" in body else {})
         try:
-            req, fill = generate_request(body, request.headers, chat, svc.model,
-                                         svc.limits.inputs, raw)
+            reqs, fill, surface = generate_requests(body, request.headers, chat, svc.model,
+                                                    svc.limits.inputs, raw, svc.tools)
+            stream = body.get("stream") is True
+            if stream and surface.tool_choice != "none":
+                raise BadRequest("stream: tool calls (tool_choice auto, required or a named "
+                                 "function) are returned whole here; send stream false")
             if not any(link.connected for link in svc.links.values()):
                 raise BadRequest("no scheduler connected; retry later",
                                  grpc.StatusCode.UNAVAILABLE)
             _, _, key = request.headers.get("authorization", "").partition(" ")
             owner = auth.key_id(key.strip()) if api_keys else ""
-            f = await svc.open(req, time.time(), fill_context=fill, owner=owner)
+            flights = await open_all(svc, children(reqs, surface.n), fill, owner)
         except GatewayError as exc:
             return error_response(exc, renames)
-        stream = body.get("stream") is True
         opts = body.get("stream_options") or {}
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
-        shapes = Shapes(chat, f.client_id, svc.model)
-        headers = {"x-request-id": f.client_id}
-        chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
+        shapes = Shapes(chat, flights[0].client_id, svc.model, surface, svc.tokenizer.token_text,
+                        svc.tools)
+        headers = {"x-request-id": flights[0].client_id}
+        # from here on, closing a choice's ``chunks`` releases its request
+        choices = [Choice(k, f, svc.tokens(f), echo_text(svc, surface, k)) for k, f in
+                   enumerate(flights)]
 
         async def answer() -> Response:
             try:
-                first = await anext(chunks)
+                firsts = await first_chunks(choices)
             except GatewayError as exc:
-                await chunks.aclose()
                 return error_response(exc)
-            except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
-                return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
             if not stream:
-                texts, n, finish = [first.text], 1, first.finish_reason
                 try:
-                    async with aclosing(chunks):
-                        async for c in chunks:
-                            texts.append(c.text)
-                            n, finish = n + 1, c.finish_reason
+                    await asyncio.gather(*(rest(c, first) for c, first in zip(choices, firsts)))
                 except GatewayError as exc:
+                    await close_all(choices)
                     return error_response(exc)
-                return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
-                                    headers=headers)
+                return JSONResponse(shapes.full(choices), headers=headers)
             # from its first byte on, Starlette's StreamingResponse ends the stream (and
-            # closes ``chunks``) when the client goes
-            return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
-                                     media_type="text/event-stream", headers=headers)
+            # closes every ``chunks``) when the client goes
+            return StreamingResponse(
+                _events(shapes, choices, firsts, usage_too, surface.continuous_usage),
+                media_type="text/event-stream", headers=headers)
 
         # until the answer's first byte (all of it when not streamed), a client that goes
         # aborts the request at once, freeing its KV, as vLLM's server does (issue 36, 2)
@@ -526,9 +699,10 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             if not work.done():
                 work.cancel()
                 await asyncio.wait((work,))
-                await chunks.aclose()
-                if svc.flights.get(f.spec.request_id) is f:  # cancelled before it started
-                    svc.release(f, cancel=True)
+                await close_all(choices)
+                for f in flights:
+                    if svc.flights.get(f.spec.request_id) is f:  # cancelled before it started
+                        svc.release(f, cancel=True)
         if work.cancelled():
             return Response(status_code=499)  # nobody reads it: nginx's "client closed"
         return work.result()
@@ -610,26 +784,121 @@ async def client_gone(request: Request) -> None:
         await asyncio.Future()
 
 
-async def _events(shapes: Shapes, f: Flight, first: gateway_pb2.GenerateChunk,
-                  chunks: AsyncGenerator[gateway_pb2.GenerateChunk, None],
-                  usage_too: bool) -> AsyncIterator[bytes]:
-    n = 0
-    async with aclosing(chunks):
-        if shapes.chat:
-            yield _sse(shapes.chunk("", None, usage_too, role=True))
+async def open_all(svc: GatewayService, reqs: list[gateway_pb2.GenerateRequest],
+                   fill: bool, owner: str) -> list[Flight]:
+    """Admit every request of one answer, or none: a refusal releases those admitted."""
+    flights: list[Flight] = []
+    now = time.time()
+    try:
+        for r in reqs:
+            flights.append(await svc.open(r, now, fill_context=fill, owner=owner))
+    except GatewayError:
+        for f in flights:
+            svc.release(f, cancel=True)
+        raise
+    return flights
+
+
+def echo_text(svc: GatewayService, surface: Surface, k: int) -> str:
+    """Choice ``k``'s echoed prompt (``echo``), as text."""
+    if not surface.echo:
+        return ""
+    prompt = surface.prompts[k // surface.n]
+    return prompt if isinstance(prompt, str) else svc.tokenizer.decode(prompt)
+
+
+async def first_chunks(choices: list[Choice]) -> list[gateway_pb2.GenerateChunk]:
+    """Each choice's first chunk (a streamed answer gets its status once all exist); a
+    drop of any one closes them all and raises its error."""
+    got = await asyncio.gather(*(anext(c.chunks) for c in choices), return_exceptions=True)
+    for g in got:
+        if isinstance(g, BaseException):
+            await close_all(choices)
+            if isinstance(g, GatewayError):
+                raise g
+            if isinstance(g, StopAsyncIteration):  # cannot happen: the last chunk finishes
+                raise BadRequest("no output", grpc.StatusCode.INTERNAL)
+            raise g
+    return cast(list[gateway_pb2.GenerateChunk], got)
+
+
+async def rest(c: Choice, first: gateway_pb2.GenerateChunk) -> None:
+    """The whole of choice ``c`` (non-streamed)."""
+    c.take(first)
+    if first.finish_reason:
+        await c.chunks.aclose()
+        return
+    async with aclosing(c.chunks):
+        async for chunk in c.chunks:
+            c.take(chunk)
+
+
+async def close_all(choices: list[Choice]) -> None:
+    for c in choices:
+        await c.chunks.aclose()
+
+
+def _event(shapes: Shapes, c: Choice, chunk: gateway_pb2.GenerateChunk, usage_too: bool,
+           continuous: bool) -> bytes | None:
+    """The SSE event of one chunk of choice ``c`` (None when it carries nothing)."""
+    text = chunk.text
+    finish = chunk.finish_reason or None
+    if c.prefix and c.n_tokens == 0:
+        text = c.prefix + text
+    offset = len(c.prefix) + sum(len(t) for t in c.texts)
+    c.take(chunk)
+    lp = None
+    if chunk.HasField("logprobs"):
+        lp = shapes.logprobs([(chunk.token_id, chunk.logprobs)], offset)
+    if not (text or finish or lp):
+        return None
+    obj = shapes.chunk(text, finish, usage_too, index=c.index, logprobs=lp)
+    if continuous:  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
+        obj["usage"] = _usage(c.prompt_tokens, c.n_tokens)
+    return _sse(obj)
+
+
+async def _events(shapes: Shapes, choices: list[Choice],
+                  firsts: list[gateway_pb2.GenerateChunk], usage_too: bool,
+                  continuous: bool) -> AsyncIterator[bytes]:
+    """The SSE stream of every choice: chunks as they come, interleaved across choices."""
+    queue: asyncio.Queue[tuple[Choice, gateway_pb2.GenerateChunk | GatewayError | None]] = (
+        asyncio.Queue())
+
+    async def pump(c: Choice, first: gateway_pb2.GenerateChunk) -> None:
         try:
-            c: gateway_pb2.GenerateChunk | None = first
-            while c is not None:
-                n += 1
-                finish = c.finish_reason or None
-                if c.text or finish:
-                    yield _sse(shapes.chunk(c.text, finish, usage_too))
-                c = None if finish else await anext(chunks, None)
+            chunk: gateway_pb2.GenerateChunk | None = first
+            while chunk is not None:
+                await queue.put((c, chunk))
+                chunk = None if chunk.finish_reason else await anext(c.chunks, None)
         except GatewayError as exc:
-            yield _sse(error_body(exc))
+            await queue.put((c, exc))
+        finally:
+            await queue.put((c, None))
+
+    tasks = [asyncio.ensure_future(pump(c, f)) for c, f in zip(choices, firsts)]
+    try:
+        if shapes.chat:
+            for c in choices:
+                yield _sse(shapes.chunk("", None, usage_too, role=True, index=c.index))
+        left = len(choices)
+        while left:
+            c, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, GatewayError):
+                yield _sse(error_body(item))
+            elif (event := _event(shapes, c, item, usage_too, continuous)) is not None:
+                yield event
         if usage_too:
-            yield _sse(shapes.usage_chunk(_usage(f, n)))
+            yield _sse(shapes.usage_chunk(_usage(
+                sum(c.prompt_tokens for c in choices[::shapes.surface.n]),
+                sum(c.n_tokens for c in choices))))
         yield b"data: [DONE]\n\n"
+    finally:
+        for t in tasks:
+            t.cancel()
+        await close_all(choices)
 
 
 class _Server(uvicorn.Server):

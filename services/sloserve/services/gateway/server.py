@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 import grpc
 
@@ -51,11 +51,15 @@ from sloserve.services.gateway.validate import (
     InputLimits,
     InvalidInput,
     Limits,
+    check_backends,
     check_request,
     check_slo,
     request_spec,
 )
 from sloserve.services.malformed import MalformedRequests
+
+if TYPE_CHECKING:
+    from sloserve.services.gateway.openai_surface import VllmTools
 from sloserve.services.memtrim import trim_when_grown
 from sloserve.services.proto import (
     SERVICE_NAMES,
@@ -161,6 +165,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.model = first.model  # the served model name (metrics' model_name, /v1/models)
         self.tokenizer: ByteTokenizer | ModelTokenizer = make_tokenizer(first.tokenizer_json)
         self.eos_ids = frozenset(first.eos_token_ids)  # finish_reason "stop" on one of them
+        self.backends = {st.executor.backend for st in statuses.values()}
+        self.tools: VllmTools | None = None  # --tool-call-parser: vLLM's tool calling
         self.limits = self._limits()
         self.flights: dict[str, Flight] = {}
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
@@ -235,6 +241,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             kv_num_blocks=st.executor.kv_capacity_blocks, block_size=st.executor.block_size
         )
         self.limits = self._limits()
+        self.backends = {st.executor.backend for st in self.statuses.values()}
         self._connect(iid, address)
         self.start_links(iid)
         self.ctl.on_instance_joined(iid, st.role, time.time())
@@ -492,11 +499,10 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if fill_context:
                 request.max_tokens = 1
             check_request(request, self.limits)  # before any work, in time independent of size
+            check_backends(request.sampling, self.backends)
             prompt = request.prompt
             if request.messages:
-                first = self.first
-                prompt = render([(m.role, m.content) for m in request.messages],
-                                first.chat_template, first.bos_token, first.eos_token)
+                prompt = self.render_chat(request)
             ids = await self._prompt_ids(request, prompt)
             if fill_context:
                 request.max_tokens = max(1, self.limits.max_tokens_total - len(ids))
@@ -526,6 +532,17 @@ class GatewayService(gateway_grpc.GatewayServicer):
             spec.origin_instance = action.instance_id
         self._carry_out([action], now)
         return f
+
+    def render_chat(self, request: gateway_pb2.GenerateRequest) -> str:
+        """The prompt of a chat request with the model's template (tools and
+        continue_final_message as vLLM renders them; issue 35, item 2)."""
+        first = self.first
+        tools = json.loads(request.tools_json) if request.tools_json else None
+        gen = (request.add_generation_prompt if request.HasField("add_generation_prompt")
+               else True)
+        return render([(m.role, m.content) for m in request.messages], first.chat_template,
+                      first.bos_token, first.eos_token, tools, gen,
+                      request.continue_final_message)
 
     async def tokens(self, f: Flight,
                      start: int = 0) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
@@ -570,6 +587,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                     arrival_time=spec.arrival_time, finish_reason=reason if last else "",
                     instance_id=f.instance_id, num_offloads=spec.num_offloads,
                     produced_time=ev.time,
+                    logprobs=ev.logprobs if ev.HasField("logprobs") else None,
                 )
                 if last:
                     return
@@ -786,6 +804,11 @@ async def serve(args: argparse.Namespace) -> None:
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
+    if args.tool_call_parser:  # vLLM's parser over the model's tokenizer (issue 35, item 2)
+        from sloserve.services.gateway.openai_surface import VllmTools
+
+        first = next(iter(statuses.values())).executor
+        svc.tools = VllmTools(args.tool_call_parser, first.tokenizer_json)
     svc.tenants = TenantLimiter(tenants) if tenants.on else None
     svc.reattach_grace = args.reattach_grace
     server, _ = await rpc.start_server(
@@ -887,6 +910,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")
+    p.add_argument("--tool-call-parser", default="", metavar="NAME",
+                   help="vLLM's tool parser for tool_choice auto (as vllm serve's flag; "
+                        "SmolLM2: hermes); none: auto is a 400 (default: none)")
     p.add_argument("--tls-cert", default=None,
                    help="serve gRPC and HTTPS with this PEM certificate chain (with --tls-key)")
     p.add_argument("--tls-key", default=None, help="the private key of --tls-cert (PEM)")

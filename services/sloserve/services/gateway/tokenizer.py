@@ -19,8 +19,14 @@ class ByteTokenizer:
     vocab_size = 256
     max_token_bytes = 1  # a prompt of n bytes is at least n / max_token_bytes tokens
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, special: bool = False) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(t & 0xFF for t in ids).decode("utf-8", errors="replace")
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id])
 
     def detokenizer(self) -> Detokenizer:
         return _ByteDetok()
@@ -48,8 +54,17 @@ class ModelTokenizer:
         # n / max_token_bytes tokens (a bound checked before tokenizing a large prompt)
         self.max_token_bytes = 4 * max((len(t) for t in self._tok.get_vocab()), default=1)
 
-    def encode(self, text: str) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=False).ids)
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        """``special``: add the tokenizer's special tokens (a BOS), as vLLM's /tokenize."""
+        return list(self._tok.encode(text, add_special_tokens=special).ids)
+
+    def decode(self, ids: list[int]) -> str:
+        """``ids`` as text, special tokens included (vLLM's /detokenize)."""
+        return str(self._tok.decode(ids, skip_special_tokens=False))
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text (vLLM's logprobs ``token``: ``tokenizer.decode([id])``)."""
+        return self.decode([token_id])
 
     def detokenizer(self) -> Detokenizer:
         return _DiffDetok(lambda ids: str(self._tok.decode(ids, skip_special_tokens=True)))

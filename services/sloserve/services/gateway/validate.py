@@ -15,6 +15,7 @@ layer renames the field as its body has it (``sampling.top_p`` is ``top_p``).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import re
 import uuid
@@ -32,6 +33,13 @@ MAX_MESSAGE_BYTES = 4 << 20  # the gateway's gRPC receive limit by default (and 
 MAX_STOP_STRINGS = 16
 MAX_STOP_CHARS = 256
 MAX_TEMPERATURE = 2.0  # OpenAI's documented range [0, 2], on gRPC as on HTTP (issue 36)
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs bound (vLLM's default max_logprobs is 20)
+# Sampling fields only vLLM's sampler honours here (issue 35, item 2): torch and sim refuse
+VLLM_ONLY = ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p",
+             "min_tokens", "logprobs", "structured_outputs")
+# vLLM's StructuredOutputsParams constraints (one per request)
+STRUCTURED_KINDS = frozenset(("json", "json_object", "regex", "choice", "grammar",
+                              "structural_tag"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +141,68 @@ def check_sampling(s: common_pb2.Sampling, vocab_size: int) -> None:
     bad = [t for t in s.stop_token_ids if not 0 <= t < vocab_size]
     if bad:
         raise InvalidInput(f"sampling.stop_token_ids: {bad[:3]} outside [0, {vocab_size})")
+    check_vllm_sampling(s)
+
+
+def check_vllm_sampling(s: common_pb2.Sampling) -> None:
+    """The ranges of the fields only the vllm backend honours (vLLM's SamplingParams
+    checks, issue 35 item 2)."""
+    for name in ("presence_penalty", "frequency_penalty"):
+        if s.HasField(name) and not -2 <= getattr(s, name) <= 2:
+            raise InvalidInput(f"sampling.{name}: must be in [-2, 2], got {getattr(s, name)}")
+    if s.HasField("repetition_penalty") and not 0 < s.repetition_penalty <= 2:
+        raise InvalidInput(f"sampling.repetition_penalty: must be in (0, 2], got "
+                           f"{s.repetition_penalty}")
+    if s.HasField("min_p") and not 0 <= s.min_p <= 1:
+        raise InvalidInput(f"sampling.min_p: must be in [0, 1], got {s.min_p}")
+    if s.min_tokens < 0:
+        raise InvalidInput(f"sampling.min_tokens: must be >= 0, got {s.min_tokens}")
+    if s.HasField("logprobs") and not 0 <= s.logprobs <= MAX_LOGPROBS:
+        raise InvalidInput(f"sampling.logprobs: must be in [0, {MAX_LOGPROBS}], got "
+                           f"{s.logprobs}")
+    if s.structured_outputs:
+        try:
+            so = json.loads(s.structured_outputs)
+        except ValueError as exc:
+            raise InvalidInput(f"sampling.structured_outputs: not valid JSON ({exc})") from None
+        if not (isinstance(so, dict) and len(so) == 1 and set(so) <= STRUCTURED_KINDS):
+            raise InvalidInput("sampling.structured_outputs: one of "
+                               f"{', '.join(sorted(STRUCTURED_KINDS))}")
+        if "json" in so:
+            check_json_schema(so["json"])
+
+
+def check_json_schema(schema: object) -> None:
+    """A JSON schema xgrammar (vLLM's structured-output backend) can compile, checked here
+    as vLLM's frontend checks it, so the executor never meets one it cannot run."""
+    try:
+        import xgrammar
+    except ImportError:  # no vLLM here: the executor's grammar compile is the check
+        return
+    try:
+        xgrammar.Grammar.from_json_schema(schema if isinstance(schema, str)
+                                          else json.dumps(schema))
+    except Exception as exc:  # noqa: BLE001 - xgrammar raises several kinds
+        raise InvalidInput(f"sampling.structured_outputs: the JSON schema does not compile "
+                           f"({str(exc).splitlines()[0][:200]})") from None
+
+
+def check_backends(s: common_pb2.Sampling, backends: set[str]) -> None:
+    """A field only some backends honour is refused (naming the field and the backend
+    that has it) when an instance of this stack runs another one: never ignored."""
+    other = sorted(backends - {"vllm"})
+    if not other:
+        return
+    for name in VLLM_ONLY:
+        if _set(s, name):
+            raise InvalidInput(f"sampling.{name}: supported by the vllm backend only "
+                               f"(this stack runs {', '.join(other)})")
+
+
+def _set(s: common_pb2.Sampling, name: str) -> bool:
+    if name in ("min_tokens", "structured_outputs"):
+        return bool(getattr(s, name))
+    return s.HasField(name)  # type: ignore[arg-type]
 
 
 def request_spec(

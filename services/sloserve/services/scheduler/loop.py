@@ -49,7 +49,7 @@ from sloserve.instance import TokenEvent
 from sloserve.request import Request
 from sloserve.services import metrics
 from sloserve.services.convert import plan_to_proto, state_to_proto, tokens_to_proto
-from sloserve.services.proto import executor_grpc, executor_pb2, scheduler_pb2
+from sloserve.services.proto import common_pb2, executor_grpc, executor_pb2, scheduler_pb2
 from sloserve.services.scheduler.server import SchedulerService
 
 ITERATION = Histogram("sloserve_iteration_seconds", "Executed batch time", ["instance"])
@@ -63,7 +63,9 @@ PACE = Gauge("sloserve_admission_pace",
              ["instance"])
 # (state, events, stopped): the tokens go into the message when it is flushed, after the
 # next plan has left, so per-token message building is off the critical path
-Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str]]
+# (+ each sampled token's logprobs, by request, when its request asked for them: issue 35)
+Report = tuple[scheduler_pb2.SchedulerOutput, list[TokenEvent], Sequence[str],
+               dict[str, common_pb2.TokenLogprobs]]
 
 
 def _decide(
@@ -103,8 +105,8 @@ def _flush(svc: SchedulerService, report: Report | None) -> None:
     """Send the previous batch's tokens to the gateway and Redis; release finished ones."""
     if report is None:
         return
-    out, events, stopped = report
-    tokens_to_proto(events, stopped, out, svc.instance.requests)
+    out, events, stopped, logprobs = report
+    tokens_to_proto(events, stopped, out, svc.instance.requests, logprobs)
     if events:
         svc.store.append_tokens({ev.request_id: ev.token_id for ev in events})
         for rid in [ev.request_id for ev in events if ev.finished]:
@@ -270,7 +272,8 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             if res.idle_before_s >= 0:
                 svc.unhidden.append(res.idle_before_s)
         prev_recv = t_recv
-        return out, events, res.stopped
+        logprobs = {t.request_id: t.logprobs for t in res.tokens if t.HasField("logprobs")}
+        return out, events, res.stopped, logprobs
 
     try:
         while True:
