@@ -721,30 +721,29 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             f = svc.attach(auth.key_id(key.strip()) if api_keys else "", rid, start)
         except GatewayError as exc:  # the id is the path's {request_id}, not the header
             return error_response(exc, {"request_id": "request_id"})
-        shapes, chunks = Shapes(chat, f.client_id, svc.model), svc.tokens(f, start)
+        shapes = Shapes(chat, f.client_id, svc.model, Surface(), svc.tokenizer.token_text)
+        c = Choice(0, f, svc.tokens(f, start))
         headers = {"x-request-id": f.client_id}
         try:
-            first = await anext(chunks)
+            first = await anext(c.chunks)
         except GatewayError as exc:
-            await chunks.aclose()
+            await c.chunks.aclose()
             return error_response(exc)
         except StopAsyncIteration:  # the client had every token already
-            return JSONResponse(shapes.full("", None, _usage(f, len(
-                f.spec.generated_token_ids))), headers=headers)
+            c.n_tokens = len(f.spec.generated_token_ids)
+            return JSONResponse(shapes.full([c]), headers=headers)
         if stream:
-            return StreamingResponse(_events(shapes, f, first, chunks, False),
+            return StreamingResponse(_events(shapes, [c], [first], False, False),
                                      media_type="text/event-stream", headers=headers)
-        texts, finish = [first.text], first.finish_reason
+        c.take(first)
         try:
-            async with aclosing(chunks):
-                async for c in chunks:
-                    texts.append(c.text)
-                    finish = c.finish_reason
+            async with aclosing(c.chunks):
+                async for chunk in c.chunks:
+                    c.take(chunk)
         except GatewayError as exc:
             return error_response(exc)
-        return JSONResponse(shapes.full("".join(texts), finish or None,
-                                        _usage(f, len(f.spec.generated_token_ids))),
-                            headers=headers)
+        c.n_tokens = len(f.spec.generated_token_ids)  # usage counts the whole answer
+        return JSONResponse(shapes.full([c]), headers=headers)
 
     @app.get("/v1/completions/{request_id}")
     async def completion_rest(request: Request, request_id: str) -> Response:
