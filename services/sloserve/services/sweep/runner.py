@@ -141,11 +141,13 @@ class _Progress:
 
 
 def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | None = None,
-              max_retries: int = MAX_RETRIES, progress: TextIO | bool = True) -> SweepStats:
+              max_retries: int = MAX_RETRIES, progress: TextIO | bool = True,
+              only: frozenset[str] | None = None) -> SweepStats:
     """Run the cells of ``spec`` missing from ``results`` as Ray tasks, appending a row per
     finished cell. Uses the Ray session this process already has, else joins ``address``,
     else starts local Ray with ``workers`` CPUs (and stops what it started). The progress
-    line goes to ``progress`` (True: stderr; False: nowhere)."""
+    line goes to ``progress`` (True: stderr; False: nowhere). ``only``: run just these
+    cells (hashes; ``--cells``), the others neither run nor counted."""
     try:
         import ray
     except ImportError:
@@ -153,11 +155,11 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
 
     rows = read_table(results, repair=True)
     done = done_cells(rows)
-    todo = [c for c in spec.cells if c.hash not in done]
-    stats = SweepStats(total=len(spec.cells),
-                       skipped=[c.hash for c in spec.cells if c.hash in done])
+    cells = [c for c in spec.cells if only is None or c.hash in only]
+    todo = [c for c in cells if c.hash not in done]
+    stats = SweepStats(total=len(cells), skipped=[c.hash for c in cells if c.hash in done])
     out = sys.stderr if progress is True else (None if progress is False else progress)
-    bar = _Progress(out, len(spec.cells), len(stats.skipped))
+    bar = _Progress(out, len(cells), len(stats.skipped))
     if not todo:
         bar.show(0, 0, 0, 0, final=True)
         return stats

@@ -395,3 +395,19 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: not YAML ({exc})") from None
     spec = parse_spec(doc, base=p.resolve().parent, name=p.stem)
     return Spec(name=spec.name, cells=spec.cells, path=p)
+
+
+def select_cells(spec: Spec, hashes: str) -> frozenset[str]:
+    """The hashes of the cells of ``spec`` named in ``hashes`` (comma-separated hashes or
+    unique prefixes, ``--cells``); a prefix matching no cell or several is a ``SpecError``."""
+    wanted = [h.strip() for h in hashes.split(",") if h.strip()]
+    if not wanted:
+        raise SpecError("--cells: give at least one cell hash")
+    keep: set[str] = set()
+    for h in wanted:
+        hits = [c.hash for c in spec.cells if c.hash.startswith(h)]
+        if len(hits) != 1:
+            raise SpecError(f"--cells: {h!r} names {len(hits)} cells of {spec.name} "
+                            "(want one; `sloserve sweep SPEC --dry-run` lists them)")
+        keep.add(hits[0])
+    return frozenset(keep)

@@ -1,0 +1,143 @@
+"""Wall time of a sweep with 2 local Ray workers against 1 (issue 37: >= 1.7x on 2 cores).
+
+Runs ``sloserve sweep SPEC --workers N`` as a subprocess into a fresh table for each N in
+``--order`` (default ``1,2,2,1``: alternated, ABBA), and prints per run: the command's wall
+time (Ray start-up included), the sweep's own wall time (first task submitted to last row
+written, Ray start-up excluded), the cells' summed CPU and wall seconds (each cell's
+``cpu_s``/``wall_s`` from its row: the work, and how long it took under the load), and the
+1-minute load average before and after. Then the ratios 1-worker / 2-worker (medians of
+the runs), and, with ``--check``, each cell's capacity against ``sloserve capacity`` with
+the cell's own command line (run after the timed runs, in this process).
+
+    PYTHONPATH=shared:services nice -n 10 python infra/bench/sweep_speedup.py --check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+SPEC = ROOT / "infra/sweeps/capacity16.yaml"
+CLI = "from sloserve.services.cli import main; raise SystemExit(main())"
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def one_run(spec: Path, workers: int, table: Path) -> dict[str, Any]:
+    """One ``sloserve sweep`` into ``table``: its figures as a dict."""
+    la0, t0 = load1(), time.perf_counter()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CLI,
+            "sweep",
+            str(spec),
+            "--workers",
+            str(workers),
+            "--results",
+            str(table),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"sweep --workers {workers} failed ({proc.returncode}):\n"
+            f"{proc.stdout}{proc.stderr[-2000:]}"
+        )
+    m = re.search(r"node\(s\), ([\d.]+)s", proc.stdout)
+    rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    return {
+        "workers": workers,
+        "cells": len(rows),
+        "command_wall_s": round(wall, 2),
+        "sweep_wall_s": float(m.group(1)) if m else None,
+        "cells_cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
+        "cells_wall_s": round(sum(r["wall_s"] for r in rows), 2),
+        "pids": len({r["pid"] for r in rows}),
+        "load1_before": round(la0, 2),
+        "load1_after": round(load1(), 2),
+        "capacities": {r["cell"]: r["result"]["capacity_qps"] for r in rows},
+        "commands": {r["cell"]: r["command"] for r in rows},
+    }
+
+
+def check_capacity(commands: dict[str, str], caps: dict[str, float]) -> list[str]:
+    """Cells whose capacity differs from ``sloserve capacity``'s on the same command."""
+    from sloserve.services.sim_cmd import config_from_args
+    from sloserve.services.sweep.spec import _parsers
+    from sloserve.sim.capacity import find_capacity
+
+    parser = _parsers()["capacity"]
+    bad = []
+    for cell, line in commands.items():
+        argv = shlex.split(line.split("  #", 1)[0])[2:]  # drop "sloserve capacity"
+        ns = parser.parse_args(argv)
+        out = find_capacity(
+            config_from_args(ns, 1.0), ns.criterion, ns.target, qps_start=ns.qps_start
+        )
+        if out["capacity_qps"] != caps[cell]:
+            bad.append(f"{cell}: sweep {caps[cell]} vs capacity {out['capacity_qps']}")
+    return bad
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--spec", type=Path, default=SPEC)
+    ap.add_argument("--order", default="1,2,2,1", help="worker counts, in run order")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="also compare each cell's capacity with `sloserve capacity`'s",
+    )
+    a = ap.parse_args(argv)
+    order = [int(x) for x in a.order.split(",") if x]
+    if not order or any(w < 1 for w in order):
+        ap.error(f"--order: worker counts >= 1, got {a.order!r}")
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="sweep-speedup-") as tmp:
+        for i, w in enumerate(order):
+            r = one_run(a.spec, w, Path(tmp) / f"run{i}-w{w}.jsonl")
+            print(
+                json.dumps({k: v for k, v in r.items() if k not in ("capacities", "commands")}),
+                flush=True,
+            )
+            runs.append(r)
+    caps = [r["capacities"] for r in runs]
+    same = all(c == caps[0] for c in caps)
+    summary: dict[str, Any] = {"same_capacities_every_run": same}
+    by = {w: [r for r in runs if r["workers"] == w] for w in sorted(set(order))}
+    if 1 in by and 2 in by:
+        for key in ("command_wall_s", "sweep_wall_s"):
+            one = statistics.median(r[key] for r in by[1])
+            two = statistics.median(r[key] for r in by[2])
+            summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
+        summary["per_run_ratio_command"] = [
+            round(x["command_wall_s"] / y["command_wall_s"], 3) for x, y in zip(by[1], by[2])
+        ]
+    if a.check:
+        bad = check_capacity(runs[0]["commands"], runs[0]["capacities"])
+        summary["capacity_check"] = "same as sloserve capacity, cell by cell" if not bad else bad
+    summary["load1_now"] = round(load1(), 2)
+    print(json.dumps(summary), flush=True)
+    return 0 if same and not isinstance(summary.get("capacity_check"), list) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
