@@ -4,10 +4,13 @@ Runs ``sloserve sweep SPEC --workers N`` as a subprocess into a fresh table for 
 ``--order`` (default ``1,2,2,1``: alternated, ABBA), and prints per run: the command's wall
 time (Ray start-up included), the sweep's own wall time (first task submitted to last row
 written, Ray start-up excluded), the cells' summed CPU and wall seconds (each cell's
-``cpu_s``/``wall_s`` from its row: the work, and how long it took under the load), and the
-1-minute load average before and after. Then the ratios 1-worker / 2-worker (medians of
-the runs), and, with ``--check``, each cell's capacity against ``sloserve capacity`` with
-the cell's own command line (run after the timed runs, in this process).
+``cpu_s``/``wall_s`` from its row: the work, and how long it took under the load), the
+cores the cells had on average (summed CPU / sweep wall: 1 and 2 on an idle machine), and
+the 1-minute load average before and after. Cells go longest first by the ``cpu_s`` of the
+spec's checked-in table (``--costs``), or in the spec's order with ``--spec-order``. Then
+the ratios 1-worker / 2-worker (medians of the runs), and, with ``--check``, each cell's
+capacity against ``sloserve capacity`` with the cell's own command line (run after the
+timed runs, in this process).
 
     PYTHONPATH=shared:services nice -n 10 python infra/bench/sweep_speedup.py --check
 """
@@ -36,9 +39,10 @@ def load1() -> float:
     return os.getloadavg()[0]
 
 
-def one_run(spec: Path, workers: int, table: Path) -> dict[str, Any]:
-    """One ``sloserve sweep`` into ``table``: its figures as a dict."""
+def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[str, Any]:
+    """One ``sloserve sweep`` into ``table`` (``--costs`` when given): its figures."""
     la0, t0 = load1(), time.perf_counter()
+    extra = [] if costs is None else ["--costs", str(costs)]
     proc = subprocess.run(
         [
             sys.executable,
@@ -50,6 +54,7 @@ def one_run(spec: Path, workers: int, table: Path) -> dict[str, Any]:
             str(workers),
             "--results",
             str(table),
+            *extra,
         ],
         capture_output=True,
         text=True,
@@ -97,10 +102,33 @@ def check_capacity(commands: dict[str, str], caps: dict[str, float]) -> list[str
     return bad
 
 
+def summarize(runs: list[dict[str, Any]], order: list[int]) -> dict[str, Any]:
+    """Whether every run found the same capacities, and the 1- vs 2-worker ratios."""
+    caps = [r["capacities"] for r in runs]
+    same = all(c == caps[0] for c in caps)
+    summary: dict[str, Any] = {"same_capacities_every_run": same}
+    by = {w: [r for r in runs if r["workers"] == w] for w in sorted(set(order))}
+    if 1 in by and 2 in by:
+        for key in ("command_wall_s", "sweep_wall_s", "cells_cpu_s", "cores_used"):
+            one = statistics.median(r[key] for r in by[1])
+            two = statistics.median(r[key] for r in by[2])
+            summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
+        summary["per_run_ratio_command"] = [
+            round(x["command_wall_s"] / y["command_wall_s"], 3) for x, y in zip(by[1], by[2])
+        ]
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--spec", type=Path, default=SPEC)
     ap.add_argument("--order", default="1,2,2,1", help="worker counts, in run order")
+    ap.add_argument(
+        "--spec-order",
+        action="store_true",
+        help="submit in the spec's order (default: longest first by the cpu_s of the "
+        "spec's checked-in table, `sloserve sweep --costs`)",
+    )
     ap.add_argument(
         "--check",
         action="store_true",
@@ -110,33 +138,30 @@ def main(argv: list[str] | None = None) -> int:
     order = [int(x) for x in a.order.split(",") if x]
     if not order or any(w < 1 for w in order):
         ap.error(f"--order: worker counts >= 1, got {a.order!r}")
+    checked_in = a.spec.with_name(a.spec.stem + ".results.jsonl")
+    costs = None if a.spec_order or not checked_in.exists() else checked_in
+    print(json.dumps({"spec": str(a.spec), "costs": str(costs), "order": order}), flush=True)
     runs = []
     with tempfile.TemporaryDirectory(prefix="sweep-speedup-") as tmp:
         for i, w in enumerate(order):
-            r = one_run(a.spec, w, Path(tmp) / f"run{i}-w{w}.jsonl")
+            r = one_run(a.spec, w, Path(tmp) / f"run{i}-w{w}.jsonl", costs)
             print(
                 json.dumps({k: v for k, v in r.items() if k not in ("capacities", "commands")}),
                 flush=True,
             )
             runs.append(r)
-    caps = [r["capacities"] for r in runs]
-    same = all(c == caps[0] for c in caps)
-    summary: dict[str, Any] = {"same_capacities_every_run": same}
-    by = {w: [r for r in runs if r["workers"] == w] for w in sorted(set(order))}
-    if 1 in by and 2 in by:
-        for key in ("command_wall_s", "sweep_wall_s"):
-            one = statistics.median(r[key] for r in by[1])
-            two = statistics.median(r[key] for r in by[2])
-            summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
-        summary["per_run_ratio_command"] = [
-            round(x["command_wall_s"] / y["command_wall_s"], 3) for x, y in zip(by[1], by[2])
-        ]
+    summary = summarize(runs, order)
     if a.check:
         bad = check_capacity(runs[0]["commands"], runs[0]["capacities"])
         summary["capacity_check"] = "same as sloserve capacity, cell by cell" if not bad else bad
     summary["load1_now"] = round(load1(), 2)
     print(json.dumps(summary), flush=True)
-    return 0 if same and not isinstance(summary.get("capacity_check"), list) else 1
+    return (
+        0
+        if summary["same_capacities_every_run"]
+        and not isinstance(summary.get("capacity_check"), list)
+        else 1
+    )
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ is refused naming the key, before anything runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sloserve.services.cli import main
+from sloserve.services.sweep.runner import longest_first, table_costs
 from sloserve.services.sweep.spec import SpecError, load_spec, parse_spec
 
 
@@ -182,3 +184,26 @@ def test_bad_sweep_command_line_exits_2_naming_the_argument(
     assert main(argv) == 2
     assert key in capsys.readouterr().err
     assert not (tmp_path / "d").exists() and not (tmp_path / "s.results.jsonl").exists()
+
+
+def test_cells_are_submitted_longest_first_by_earlier_cpu_or_estimate(tmp_path: Path) -> None:
+    """LPT order (issue 37's speedup): an earlier table's cpu_s when it covers every cell,
+    else requests x probes; ties keep the spec's order."""
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 20},
+                       "axes": {"policy": ["vllm", "sarathi", "accelgen"],
+                                "num_requests": [20, 40]},
+                       "measure": {"rates": [1.0], "capacity": {"criteria": ["goodput"]}}})
+    cells = list(spec.cells)
+    est = longest_first(cells)
+    assert [c.kind for c in est[:3]] == ["capacity"] * 3  # 8 probes of 40 requests
+    assert [c.config["num_requests"] for c in est] == [40] * 3 + [20] * 3 + [40] * 3 + [20] * 3
+    assert est[:3] == [c for c in cells if c.kind == "capacity" and
+                       c.config["num_requests"] == 40]  # ties: the spec's order
+    table = tmp_path / "t.jsonl"
+    table.write_text("".join(json.dumps({"cell": c.hash, "cpu_s": float(i)}) + "\n"
+                             for i, c in enumerate(cells)))
+    assert longest_first(cells, table_costs(table)) == cells[::-1]
+    partial = {c.hash: 1.0 for c in cells[1:]}
+    assert longest_first(cells, partial) == est  # one cell unknown: the estimate
+    with pytest.raises(ValueError, match="--costs: no such file"):
+        table_costs(tmp_path / "missing.jsonl")

@@ -31,6 +31,9 @@ def add_parser(sub: Any) -> None:
                    help="join this Ray cluster (e.g. 127.0.0.1:6380) instead of local Ray")
     p.add_argument("--max-retries", type=int, default=None, metavar="N",
                    help="times Ray re-runs a cell whose worker or node died (default 3)")
+    p.add_argument("--costs", default=None, metavar="TABLE",
+                   help="an earlier table of these cells: their cpu_s order the run, longest "
+                        "first (default: estimated from requests x probes)")
     p.add_argument("--dry-run", action="store_true",
                    help="list the cells (hash, command, done or not) and run nothing")
     p.add_argument("--out", default=None, metavar="DIR", help="with `report`: where to write")
@@ -48,7 +51,13 @@ def default_results(spec: Path) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sloserve.services.sweep.runner import MAX_RETRIES, done_cells, read_table, run_sweep
+    from sloserve.services.sweep.runner import (
+        MAX_RETRIES,
+        done_cells,
+        read_table,
+        run_sweep,
+        table_costs,
+    )
     from sloserve.services.sweep.spec import load_spec, select_cells
 
     if args.spec == "report":
@@ -88,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     stats = run_sweep(spec, results, workers=args.workers, address=args.ray_address,
                       max_retries=MAX_RETRIES if args.max_retries is None else args.max_retries,
-                      only=only)
+                      only=only, costs=None if args.costs is None else table_costs(
+                          Path(args.costs)))
     print(f"{results}: {len(stats.computed)} computed, {len(stats.skipped)} already there, "
           f"{len(stats.failed)} failed, on {len(stats.nodes)} node(s), {stats.wall_s}s")
     return 1 if stats.failed else 0

@@ -26,6 +26,33 @@ from typing import Any, TextIO
 from sloserve.services.sweep.spec import Cell, Spec, _parsers
 
 MAX_RETRIES = 3  # a cell's task re-run after its worker or node died
+PROBES = 8  # a capacity search's simulations, about (doubling, then bisection to 5 %)
+
+
+def cost_estimate(cell: Cell) -> float:
+    """A cell's work before it has run: requests simulated (a capacity search's probes
+    times ``num_requests``; a fixed-rate cell's draws times ``num_requests``)."""
+    runs = PROBES if cell.kind == "capacity" else int(cell.config.get("noise_draws") or 1)
+    return float(cell.config.get("num_requests") or 1) * runs
+
+
+def longest_first(cells: list[Cell], costs: dict[str, float] | None = None) -> list[Cell]:
+    """The cells in submission order: longest first (Graham's LPT rule), so the last to
+    start are short and the workers finish together instead of one running a long cell
+    alone at the end. A cell's cost is its ``cpu_s`` from an earlier table (``costs``, by
+    hash) when every cell has one, else ``cost_estimate``; ties keep the spec's order."""
+    known = costs or {}
+    if cells and all(c.hash in known for c in cells):
+        return sorted(cells, key=lambda c: -known[c.hash])
+    return sorted(cells, key=lambda c: -cost_estimate(c))
+
+
+def table_costs(path: Path) -> dict[str, float]:
+    """``cpu_s`` by cell hash from a table (the last row per cell with one)."""
+    if not path.is_file():
+        raise ValueError(f"--costs: no such file: {path}")
+    return {r["cell"]: float(r["cpu_s"]) for r in read_table(path)
+            if isinstance(r.get("cpu_s"), (int, float)) and "error" not in r}
 
 
 def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
@@ -142,12 +169,14 @@ class _Progress:
 
 def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | None = None,
               max_retries: int = MAX_RETRIES, progress: TextIO | bool = True,
-              only: frozenset[str] | None = None) -> SweepStats:
+              only: frozenset[str] | None = None,
+              costs: dict[str, float] | None = None) -> SweepStats:
     """Run the cells of ``spec`` missing from ``results`` as Ray tasks, appending a row per
     finished cell. Uses the Ray session this process already has, else joins ``address``,
     else starts local Ray with ``workers`` CPUs (and stops what it started). The progress
     line goes to ``progress`` (True: stderr; False: nowhere). ``only``: run just these
-    cells (hashes; ``--cells``), the others neither run nor counted."""
+    cells (hashes; ``--cells``), the others neither run nor counted. Cells are submitted
+    longest first (``longest_first`` with ``costs``, ``cpu_s`` by hash)."""
     try:
         import ray
     except ImportError:
@@ -156,7 +185,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
     rows = read_table(results, repair=True)
     done = done_cells(rows)
     cells = [c for c in spec.cells if only is None or c.hash in only]
-    todo = [c for c in cells if c.hash not in done]
+    todo = longest_first([c for c in cells if c.hash not in done], costs)
     stats = SweepStats(total=len(cells), skipped=[c.hash for c in cells if c.hash in done])
     out = sys.stderr if progress is True else (None if progress is False else progress)
     bar = _Progress(out, len(cells), len(stats.skipped))
