@@ -207,3 +207,33 @@ def test_cells_are_submitted_longest_first_by_earlier_cpu_or_estimate(tmp_path: 
     assert longest_first(cells, partial) == est  # one cell unknown: the estimate
     with pytest.raises(ValueError, match="--costs: no such file"):
         table_costs(tmp_path / "missing.jsonl")
+
+
+def test_override_sets_a_knob_on_the_matching_cells_only() -> None:
+    """A per-cell knob the cross product cannot say: Ascendra's HP on three instances."""
+    spec = parse_spec(_spec(
+        axes={"policy": ["vllm", "ascendra"], "instances": [1, 3]},
+        measure={"rates": [2.0]},
+        overrides=[{"when": {"policy": "ascendra", "instances": 3},
+                    "set": {"hp_instances": 1}}]))
+    hp = {(c.config["policy"], c.config["instances"]): c.config["hp_instances"]
+          for c in spec.cells}
+    assert hp == {("vllm", 1): 0, ("vllm", 3): 0, ("ascendra", 1): 0, ("ascendra", 3): 1}
+    three = next(c for c in spec.cells if c.config["policy"] == "ascendra"
+                 and c.config["instances"] == 3)
+    assert "--hp-instances 1" in three.command()
+
+
+@pytest.mark.parametrize(("rule", "key"), [
+    ({"when": {"policy": "ascendra", "instances": "3"}, "set": {"hp_instances": 1}},
+     "overrides[0].when: matches no cell"),
+    ({"when": {"policy": "ascendra"}, "set": {"hp_instancez": 1}},
+     "overrides[0].set.hp_instancez: unknown option"),
+    ({"when": {"policy": "ascendra"}}, "overrides[0].set: missing"),
+    ({"when": {"policy": "ascendra"}, "set": {"qps": 2.0}}, "overrides[0].set.qps"),
+])
+def test_bad_override_is_refused_naming_the_key(rule: dict[str, Any], key: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_spec(_spec(axes={"policy": ["vllm", "ascendra"], "instances": [1, 3]},
+                         measure={"rates": [2.0]}, overrides=[rule]))
+    assert str(exc.value).startswith(key), str(exc.value)
