@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sloserve.services.cli import main
-from sloserve.services.sweep.runner import longest_first, table_costs
+from sloserve.services.sweep.runner import longest_first, run_cell, table_costs
 from sloserve.services.sweep.spec import SpecError, load_spec, parse_spec
 
 
@@ -237,3 +237,27 @@ def test_bad_override_is_refused_naming_the_key(rule: dict[str, Any], key: str) 
         parse_spec(_spec(axes={"policy": ["vllm", "ascendra"], "instances": [1, 3]},
                          measure={"rates": [2.0]}, overrides=[rule]))
     assert str(exc.value).startswith(key), str(exc.value)
+
+
+def test_a_cells_max_drop_share_reaches_its_capacity_search() -> None:
+    """``max_drop_share`` is a `capacity` option (issue 38): a cell setting it is searched
+    with it, as the command is, not with the default."""
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 30, "policy": "vllm",
+                                   "max_drop_share": 0.25},
+                       "measure": {"capacity": {"criteria": ["tail"]}}})
+    (cell,) = spec.cells
+    out = run_cell(cell.kind, list(cell.argv), cell.rel_tol)["result"]
+    assert out["max_drop_share"] == 0.25
+
+
+def test_costs_from_a_table_written_before_an_option_was_added_match_by_command(
+        tmp_path: Path) -> None:
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 20},
+                       "axes": {"policy": ["vllm", "sarathi", "accelgen"]},
+                       "measure": {"capacity": {"criteria": ["goodput"]}}})
+    cells = list(spec.cells)
+    table = tmp_path / "old.jsonl"  # other hashes (an older config), the same commands
+    table.write_text("".join(json.dumps({"cell": f"old{i}", "command": c.command(),
+                                         "cpu_s": float(i)}) + "\n"
+                             for i, c in enumerate(cells)))
+    assert longest_first(cells, table_costs(table)) == cells[::-1]

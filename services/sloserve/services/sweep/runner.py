@@ -40,19 +40,26 @@ def longest_first(cells: list[Cell], costs: dict[str, float] | None = None) -> l
     """The cells in submission order: longest first (Graham's LPT rule), so the last to
     start are short and the workers finish together instead of one running a long cell
     alone at the end. A cell's cost is its ``cpu_s`` from an earlier table (``costs``, by
-    hash) when every cell has one, else ``cost_estimate``; ties keep the spec's order."""
+    hash or, for a table written before an option was added, by command line) when every
+    cell has one, else ``cost_estimate``; ties keep the spec's order."""
     known = costs or {}
-    if cells and all(c.hash in known for c in cells):
-        return sorted(cells, key=lambda c: -known[c.hash])
+    cost = {c.hash: known.get(c.hash, known.get(c.command())) for c in cells}
+    if cells and all(v is not None for v in cost.values()):
+        return sorted(cells, key=lambda c: -(cost[c.hash] or 0.0))
     return sorted(cells, key=lambda c: -cost_estimate(c))
 
 
 def table_costs(path: Path) -> dict[str, float]:
-    """``cpu_s`` by cell hash from a table (the last row per cell with one)."""
+    """``cpu_s`` by cell hash and by command line from a table (the last row per cell)."""
     if not path.is_file():
         raise ValueError(f"--costs: no such file: {path}")
-    return {r["cell"]: float(r["cpu_s"]) for r in read_table(path)
-            if isinstance(r.get("cpu_s"), (int, float)) and "error" not in r}
+    out: dict[str, float] = {}
+    for r in read_table(path):
+        if isinstance(r.get("cpu_s"), (int, float)) and "error" not in r:
+            out[r["cell"]] = float(r["cpu_s"])
+            if isinstance(r.get("command"), str):
+                out[r["command"]] = float(r["cpu_s"])
+    return out
 
 
 def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
@@ -71,7 +78,7 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
         out = simulate_draws(cfg, ns.noise_draws) if ns.noise_draws > 1 else simulate(cfg)
     else:
         out = find_capacity(cfg, ns.criterion, ns.target, qps_start=ns.qps_start,
-                            rel_tol=rel_tol)
+                            rel_tol=rel_tol, max_drop_share=ns.max_drop_share)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     try:
         import ray
