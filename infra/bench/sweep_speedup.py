@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -39,9 +40,16 @@ def load1() -> float:
     return os.getloadavg()[0]
 
 
+def children_cpu() -> float:
+    """User + system CPU of this process's reaped descendants: a whole ``sloserve sweep``
+    with its Ray processes once it has exited (each reaps its own children)."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[str, Any]:
     """One ``sloserve sweep`` into ``table`` (``--costs`` when given): its figures."""
-    la0, t0 = load1(), time.perf_counter()
+    la0, t0, ru0 = load1(), time.perf_counter(), children_cpu()
     extra = [] if costs is None else ["--costs", str(costs)]
     proc = subprocess.run(
         [
@@ -60,12 +68,16 @@ def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[s
         text=True,
         check=False,
     )
-    wall = time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"sweep --workers {workers} failed ({proc.returncode}):\n"
-            f"{proc.stdout}{proc.stderr[-2000:]}"
-        )
+    wall, session_cpu = time.perf_counter() - t0, children_cpu() - ru0
+    if proc.returncode != 0:  # e.g. Ray's start timed out on an overloaded machine
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        return {
+            "workers": workers,
+            "error": f"exit {proc.returncode}: {err}"[-300:],
+            "command_wall_s": round(wall, 2),
+            "load1_before": round(la0, 2),
+            "load1_after": round(load1(), 2),
+        }
     m = re.search(r"node\(s\), ([\d.]+)s", proc.stdout)
     rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
     return {
@@ -74,6 +86,8 @@ def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[s
         "command_wall_s": round(wall, 2),
         "sweep_wall_s": float(m.group(1)) if m else None,
         "cells_cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
+        # the whole session: driver, GCS, raylet, workers (reaped children)
+        "session_cpu_s": round(session_cpu, 2),
         "cells_wall_s": round(sum(r["wall_s"] for r in rows), 2),
         "pids": len({r["pid"] for r in rows}),
         "load1_before": round(la0, 2),
@@ -108,8 +122,9 @@ def summarize(runs: list[dict[str, Any]], order: list[int]) -> dict[str, Any]:
     same = all(c == caps[0] for c in caps)
     summary: dict[str, Any] = {"same_capacities_every_run": same}
     by = {w: [r for r in runs if r["workers"] == w] for w in sorted(set(order))}
+    by = {w: rs for w, rs in by.items() if rs}
     if 1 in by and 2 in by:
-        for key in ("command_wall_s", "sweep_wall_s", "cells_cpu_s", "cores_used"):
+        for key in ("command_wall_s", "sweep_wall_s", "cells_cpu_s", "session_cpu_s", "cores_used"):
             one = statistics.median(r[key] for r in by[1])
             two = statistics.median(r[key] for r in by[2])
             summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
@@ -150,7 +165,12 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             runs.append(r)
+    failed = [r for r in runs if "error" in r]
+    runs = [r for r in runs if "error" not in r]
+    if not runs:
+        raise SystemExit("every run failed")
     summary = summarize(runs, order)
+    summary["failed_runs"] = len(failed)
     if a.check:
         bad = check_capacity(runs[0]["commands"], runs[0]["capacities"])
         summary["capacity_check"] = "same as sloserve capacity, cell by cell" if not bad else bad

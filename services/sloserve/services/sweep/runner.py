@@ -215,7 +215,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
                                  f"({exc}); on a cluster with token authentication the "
                                  "token must be this machine's too") from None
         else:
-            ray.init(address="local", num_cpus=workers, include_dashboard=False, **kw)
+            _start_local(ray, workers, kw)
         started = True
     try:
         task = ray.remote(num_cpus=1, max_retries=max_retries)(run_cell)
@@ -252,6 +252,29 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         if started:
             ray.shutdown()
     return stats
+
+
+LOCAL_STARTS = 3  # tries at starting local Ray (its raylet gets 30 s to register)
+
+
+def _start_local(ray: Any, workers: int, kw: dict[str, Any]) -> None:
+    """Local Ray with ``workers`` CPUs. Ray gives its raylet a fixed 30 s to register and
+    raises a bare ``Exception`` past it, which an overloaded machine reaches (load 50 on
+    2 cores here): tried ``LOCAL_STARTS`` times, then a ``ValueError`` saying so."""
+    for attempt in range(1, LOCAL_STARTS + 1):
+        try:
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, **kw)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+            if attempt == LOCAL_STARTS:
+                raise ValueError(
+                    f"local Ray did not start in {LOCAL_STARTS} tries (its raylet did not "
+                    f"register in 30 s; 1-minute load {os.getloadavg()[0]:.1f}): try again "
+                    "on a less loaded machine, or start a cluster and pass --ray-address"
+                ) from None
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:
