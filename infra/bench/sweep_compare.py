@@ -36,6 +36,8 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             if old["capacity_qps"] == new["capacity_qps"]
             else [f"capacity {old['capacity_qps']} -> {new['capacity_qps']}"]
         )
+        if "probes" not in old:  # a converted row kept the capacity alone
+            return out
         if len(old["probes"]) != len(new["probes"]):
             out.append(f"{len(old['probes'])} probes -> {len(new['probes'])}")
         for i, (a, b) in enumerate(zip(old["probes"], new["probes"])):
