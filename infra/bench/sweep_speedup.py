@@ -41,8 +41,8 @@ def load1() -> float:
 
 
 def children_cpu() -> float:
-    """User + system CPU of this process's reaped descendants: a whole ``sloserve sweep``
-    with its Ray processes once it has exited (each reaps its own children)."""
+    """User + system CPU of this process's reaped descendants: the ``sloserve sweep``
+    process and those of its Ray processes it reaps (measured: not the workers)."""
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     return ru.ru_utime + ru.ru_stime
 
@@ -86,8 +86,8 @@ def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[s
         "command_wall_s": round(wall, 2),
         "sweep_wall_s": float(m.group(1)) if m else None,
         "cells_cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
-        # the whole session: driver, GCS, raylet, workers (reaped children)
-        "session_cpu_s": round(session_cpu, 2),
+        # the driver and what it reaps (Ray's own processes; the workers are not)
+        "driver_side_cpu_s": round(session_cpu, 2),
         "cells_wall_s": round(sum(r["wall_s"] for r in rows), 2),
         "pids": len({r["pid"] for r in rows}),
         "load1_before": round(la0, 2),
@@ -124,7 +124,13 @@ def summarize(runs: list[dict[str, Any]], order: list[int]) -> dict[str, Any]:
     by = {w: [r for r in runs if r["workers"] == w] for w in sorted(set(order))}
     by = {w: rs for w, rs in by.items() if rs}
     if 1 in by and 2 in by:
-        for key in ("command_wall_s", "sweep_wall_s", "cells_cpu_s", "session_cpu_s", "cores_used"):
+        for key in (
+            "command_wall_s",
+            "sweep_wall_s",
+            "cells_cpu_s",
+            "driver_side_cpu_s",
+            "cores_used",
+        ):
             one = statistics.median(r[key] for r in by[1])
             two = statistics.median(r[key] for r in by[2])
             summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
@@ -145,6 +151,12 @@ def main(argv: list[str] | None = None) -> int:
         "spec's checked-in table, `sloserve sweep --costs`)",
     )
     ap.add_argument(
+        "--keep",
+        default=None,
+        metavar="DIR",
+        help="write the runs' tables here (default: a temporary folder)",
+    )
+    ap.add_argument(
         "--check",
         action="store_true",
         help="also compare each cell's capacity with `sloserve capacity`'s",
@@ -157,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
     costs = None if a.spec_order or not checked_in.exists() else checked_in
     print(json.dumps({"spec": str(a.spec), "costs": str(costs), "order": order}), flush=True)
     runs = []
-    with tempfile.TemporaryDirectory(prefix="sweep-speedup-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="sweep-speedup-") as tmp_dir:
+        tmp = a.keep or tmp_dir
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         for i, w in enumerate(order):
             r = one_run(a.spec, w, Path(tmp) / f"run{i}-w{w}.jsonl", costs)
             print(
