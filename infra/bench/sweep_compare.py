@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"{p}: no such file")
     old = {r["cell"]: r for r in read_table(a.checked_in) if "error" not in r}
     bad = 0
-    for row in read_table(a.rerun):
+    rows = read_table(a.rerun)
+    ok = {r["cell"] for r in rows if "error" not in r}
+    # an error row a later run of the same cell superseded (a resumed sweep) is not a result
+    for row in (r for r in rows if "error" not in r or r["cell"] not in ok):
         cell, labels = row["cell"], " ".join(row["labels"].values())
         if "error" in row or cell not in old:
             print(
