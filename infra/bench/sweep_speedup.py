@@ -80,12 +80,16 @@ def one_run(spec: Path, workers: int, table: Path, costs: Path | None) -> dict[s
         }
     m = re.search(r"node\(s\), ([\d.]+)s", proc.stdout)
     rows = [json.loads(line) for line in table.read_text().splitlines() if line.strip()]
+    sweep_wall = float(m.group(1)) if m else None
+    cpu = sum(r["cpu_s"] for r in rows)
     return {
         "workers": workers,
         "cells": len(rows),
         "command_wall_s": round(wall, 2),
-        "sweep_wall_s": float(m.group(1)) if m else None,
-        "cells_cpu_s": round(sum(r["cpu_s"] for r in rows), 2),
+        "sweep_wall_s": sweep_wall,
+        "cells_cpu_s": round(cpu, 2),
+        # cores the cells had on average: the speedup's ceiling under this load
+        "cores_used": round(cpu / sweep_wall, 3) if sweep_wall else None,
         # the driver and what it reaps (Ray's own processes; the workers are not)
         "driver_side_cpu_s": round(session_cpu, 2),
         "cells_wall_s": round(sum(r["wall_s"] for r in rows), 2),
@@ -131,9 +135,9 @@ def summarize(runs: list[dict[str, Any]], order: list[int]) -> dict[str, Any]:
             "driver_side_cpu_s",
             "cores_used",
         ):
-            one = statistics.median(r[key] for r in by[1])
-            two = statistics.median(r[key] for r in by[2])
-            summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3)}
+            one = statistics.median(r[key] or 0.0 for r in by[1])
+            two = statistics.median(r[key] or 0.0 for r in by[2])
+            summary[key] = {"1": one, "2": two, "ratio": round(one / two, 3) if two else None}
         summary["per_run_ratio_command"] = [
             round(x["command_wall_s"] / y["command_wall_s"], 3) for x, y in zip(by[1], by[2])
         ]
