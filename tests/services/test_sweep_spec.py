@@ -170,6 +170,13 @@ def test_dry_run_lists_every_cell_and_what_the_table_already_has(
 @pytest.mark.parametrize(("argv", "key"), [
     (["sweep", "report", "t.jsonl"], "--out: required"),
     (["sweep", "report", "--out", "d"], "report: give the RESULTS"),
+    (["sweep", "report", "--template", "reproduction", "--out", "d"],
+     "report --template reproduction: give the folder of its specs"),
+    (["sweep", "report", "missing", "--template", "reproduction", "--out", "d"],
+     "missing: not a folder"),
+    (["sweep", "s.yaml", "--template", "reproduction"], "--template: only with `report`"),
+    (["sweep", "s.yaml", "--cells", "zz"], "--cells: 'zz' names 0 cells"),
+    (["sweep", "s.yaml", "--costs", "none.jsonl"], "--costs: no such file"),
     (["sweep", "report", "missing.jsonl", "--out", "d"], "RESULTS: no such file"),
     (["sweep", "s.yaml", "t.jsonl"], "RESULTS: only `report`"),
     (["sweep", "missing.yaml"], "missing.yaml: cannot read"),

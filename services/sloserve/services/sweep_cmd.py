@@ -61,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from sloserve.services.sweep.spec import load_spec, select_cells
 
     if args.spec == "report":
+        if args.table is None and args.template is not None:
+            raise ValueError(f"report --template {args.template}: give the folder of its "
+                             "specs (sloserve sweep report infra/sweeps --template "
+                             f"{args.template} --out docs)")
         if args.table is None:
             raise ValueError("report: give the RESULTS table (sloserve sweep report "
                              "RESULTS --out DIR)")
