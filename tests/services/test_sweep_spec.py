@@ -4,12 +4,14 @@ is refused naming the key, before anything runs."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sloserve.services.cli import main
+from sloserve.services.sweep.runner import longest_first, run_cell, table_costs
 from sloserve.services.sweep.spec import SpecError, load_spec, parse_spec
 
 
@@ -168,6 +170,13 @@ def test_dry_run_lists_every_cell_and_what_the_table_already_has(
 @pytest.mark.parametrize(("argv", "key"), [
     (["sweep", "report", "t.jsonl"], "--out: required"),
     (["sweep", "report", "--out", "d"], "report: give the RESULTS"),
+    (["sweep", "report", "--template", "reproduction", "--out", "d"],
+     "report --template reproduction: give the folder of its specs"),
+    (["sweep", "report", "missing", "--template", "reproduction", "--out", "d"],
+     "missing: not a folder"),
+    (["sweep", "s.yaml", "--template", "reproduction"], "--template: only with `report`"),
+    (["sweep", "s.yaml", "--cells", "zz"], "--cells: 'zz' names 0 cells"),
+    (["sweep", "s.yaml", "--costs", "none.jsonl"], "--costs: no such file"),
     (["sweep", "report", "missing.jsonl", "--out", "d"], "RESULTS: no such file"),
     (["sweep", "s.yaml", "t.jsonl"], "RESULTS: only `report`"),
     (["sweep", "missing.yaml"], "missing.yaml: cannot read"),
@@ -182,3 +191,80 @@ def test_bad_sweep_command_line_exits_2_naming_the_argument(
     assert main(argv) == 2
     assert key in capsys.readouterr().err
     assert not (tmp_path / "d").exists() and not (tmp_path / "s.results.jsonl").exists()
+
+
+def test_cells_are_submitted_longest_first_by_earlier_cpu_or_estimate(tmp_path: Path) -> None:
+    """LPT order (issue 37's speedup): an earlier table's cpu_s when it covers every cell,
+    else requests x probes; ties keep the spec's order."""
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 20},
+                       "axes": {"policy": ["vllm", "sarathi", "accelgen"],
+                                "num_requests": [20, 40]},
+                       "measure": {"rates": [1.0], "capacity": {"criteria": ["goodput"]}}})
+    cells = list(spec.cells)
+    est = longest_first(cells)
+    assert [c.kind for c in est[:3]] == ["capacity"] * 3  # 8 probes of 40 requests
+    assert [c.config["num_requests"] for c in est] == [40] * 3 + [20] * 3 + [40] * 3 + [20] * 3
+    assert est[:3] == [c for c in cells if c.kind == "capacity" and
+                       c.config["num_requests"] == 40]  # ties: the spec's order
+    table = tmp_path / "t.jsonl"
+    table.write_text("".join(json.dumps({"cell": c.hash, "cpu_s": float(i)}) + "\n"
+                             for i, c in enumerate(cells)))
+    assert longest_first(cells, table_costs(table)) == cells[::-1]
+    partial = {c.hash: 1.0 for c in cells[1:]}
+    assert longest_first(cells, partial) == est  # one cell unknown: the estimate
+    with pytest.raises(ValueError, match="--costs: no such file"):
+        table_costs(tmp_path / "missing.jsonl")
+
+
+def test_override_sets_a_knob_on_the_matching_cells_only() -> None:
+    """A per-cell knob the cross product cannot say: Ascendra's HP on three instances."""
+    spec = parse_spec(_spec(
+        axes={"policy": ["vllm", "ascendra"], "instances": [1, 3]},
+        measure={"rates": [2.0]},
+        overrides=[{"when": {"policy": "ascendra", "instances": 3},
+                    "set": {"hp_instances": 1}}]))
+    hp = {(c.config["policy"], c.config["instances"]): c.config["hp_instances"]
+          for c in spec.cells}
+    assert hp == {("vllm", 1): 0, ("vllm", 3): 0, ("ascendra", 1): 0, ("ascendra", 3): 1}
+    three = next(c for c in spec.cells if c.config["policy"] == "ascendra"
+                 and c.config["instances"] == 3)
+    assert "--hp-instances 1" in three.command()
+
+
+@pytest.mark.parametrize(("rule", "key"), [
+    ({"when": {"policy": "ascendra", "instances": "3"}, "set": {"hp_instances": 1}},
+     "overrides[0].when: matches no cell"),
+    ({"when": {"policy": "ascendra"}, "set": {"hp_instancez": 1}},
+     "overrides[0].set.hp_instancez: unknown option"),
+    ({"when": {"policy": "ascendra"}}, "overrides[0].set: missing"),
+    ({"when": {"policy": "ascendra"}, "set": {"qps": 2.0}}, "overrides[0].set.qps"),
+])
+def test_bad_override_is_refused_naming_the_key(rule: dict[str, Any], key: str) -> None:
+    with pytest.raises(SpecError) as exc:
+        parse_spec(_spec(axes={"policy": ["vllm", "ascendra"], "instances": [1, 3]},
+                         measure={"rates": [2.0]}, overrides=[rule]))
+    assert str(exc.value).startswith(key), str(exc.value)
+
+
+def test_a_cells_max_drop_share_reaches_its_capacity_search() -> None:
+    """``max_drop_share`` is a `capacity` option (issue 38): a cell setting it is searched
+    with it, as the command is, not with the default."""
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 30, "policy": "vllm",
+                                   "max_drop_share": 0.25},
+                       "measure": {"capacity": {"criteria": ["tail"]}}})
+    (cell,) = spec.cells
+    out = run_cell(cell.kind, list(cell.argv), cell.rel_tol)["result"]
+    assert out["max_drop_share"] == 0.25
+
+
+def test_costs_from_a_table_written_before_an_option_was_added_match_by_command(
+        tmp_path: Path) -> None:
+    spec = parse_spec({"options": {"trace": "sharegpt", "num_requests": 20},
+                       "axes": {"policy": ["vllm", "sarathi", "accelgen"]},
+                       "measure": {"capacity": {"criteria": ["goodput"]}}})
+    cells = list(spec.cells)
+    table = tmp_path / "old.jsonl"  # other hashes (an older config), the same commands
+    table.write_text("".join(json.dumps({"cell": f"old{i}", "command": c.command(),
+                                         "cpu_s": float(i)}) + "\n"
+                             for i, c in enumerate(cells)))
+    assert longest_first(cells, table_costs(table)) == cells[::-1]

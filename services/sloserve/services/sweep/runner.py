@@ -26,6 +26,40 @@ from typing import Any, TextIO
 from sloserve.services.sweep.spec import Cell, Spec, _parsers
 
 MAX_RETRIES = 3  # a cell's task re-run after its worker or node died
+PROBES = 8  # a capacity search's simulations, about (doubling, then bisection to 5 %)
+
+
+def cost_estimate(cell: Cell) -> float:
+    """A cell's work before it has run: requests simulated (a capacity search's probes
+    times ``num_requests``; a fixed-rate cell's draws times ``num_requests``)."""
+    runs = PROBES if cell.kind == "capacity" else int(cell.config.get("noise_draws") or 1)
+    return float(cell.config.get("num_requests") or 1) * runs
+
+
+def longest_first(cells: list[Cell], costs: dict[str, float] | None = None) -> list[Cell]:
+    """The cells in submission order: longest first (Graham's LPT rule), so the last to
+    start are short and the workers finish together instead of one running a long cell
+    alone at the end. A cell's cost is its ``cpu_s`` from an earlier table (``costs``, by
+    hash or, for a table written before an option was added, by command line) when every
+    cell has one, else ``cost_estimate``; ties keep the spec's order."""
+    known = costs or {}
+    cost = {c.hash: known.get(c.hash, known.get(c.command())) for c in cells}
+    if cells and all(v is not None for v in cost.values()):
+        return sorted(cells, key=lambda c: -(cost[c.hash] or 0.0))
+    return sorted(cells, key=lambda c: -cost_estimate(c))
+
+
+def table_costs(path: Path) -> dict[str, float]:
+    """``cpu_s`` by cell hash and by command line from a table (the last row per cell)."""
+    if not path.is_file():
+        raise ValueError(f"--costs: no such file: {path}")
+    out: dict[str, float] = {}
+    for r in read_table(path):
+        if isinstance(r.get("cpu_s"), (int, float)) and "error" not in r:
+            out[r["cell"]] = float(r["cpu_s"])
+            if isinstance(r.get("command"), str):
+                out[r["command"]] = float(r["cpu_s"])
+    return out
 
 
 def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
@@ -44,7 +78,7 @@ def run_cell(kind: str, argv: list[str], rel_tol: float) -> dict[str, Any]:
         out = simulate_draws(cfg, ns.noise_draws) if ns.noise_draws > 1 else simulate(cfg)
     else:
         out = find_capacity(cfg, ns.criterion, ns.target, qps_start=ns.qps_start,
-                            rel_tol=rel_tol)
+                            rel_tol=rel_tol, max_drop_share=ns.max_drop_share)
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     try:
         import ray
@@ -141,11 +175,15 @@ class _Progress:
 
 
 def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | None = None,
-              max_retries: int = MAX_RETRIES, progress: TextIO | bool = True) -> SweepStats:
+              max_retries: int = MAX_RETRIES, progress: TextIO | bool = True,
+              only: frozenset[str] | None = None,
+              costs: dict[str, float] | None = None) -> SweepStats:
     """Run the cells of ``spec`` missing from ``results`` as Ray tasks, appending a row per
     finished cell. Uses the Ray session this process already has, else joins ``address``,
     else starts local Ray with ``workers`` CPUs (and stops what it started). The progress
-    line goes to ``progress`` (True: stderr; False: nowhere)."""
+    line goes to ``progress`` (True: stderr; False: nowhere). ``only``: run just these
+    cells (hashes; ``--cells``), the others neither run nor counted. Cells are submitted
+    longest first (``longest_first`` with ``costs``, ``cpu_s`` by hash)."""
     try:
         import ray
     except ImportError:
@@ -153,11 +191,11 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
 
     rows = read_table(results, repair=True)
     done = done_cells(rows)
-    todo = [c for c in spec.cells if c.hash not in done]
-    stats = SweepStats(total=len(spec.cells),
-                       skipped=[c.hash for c in spec.cells if c.hash in done])
+    cells = [c for c in spec.cells if only is None or c.hash in only]
+    todo = longest_first([c for c in cells if c.hash not in done], costs)
+    stats = SweepStats(total=len(cells), skipped=[c.hash for c in cells if c.hash in done])
     out = sys.stderr if progress is True else (None if progress is False else progress)
-    bar = _Progress(out, len(spec.cells), len(stats.skipped))
+    bar = _Progress(out, len(cells), len(stats.skipped))
     if not todo:
         bar.show(0, 0, 0, 0, final=True)
         return stats
@@ -177,7 +215,7 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
                                  f"({exc}); on a cluster with token authentication the "
                                  "token must be this machine's too") from None
         else:
-            ray.init(address="local", num_cpus=workers, include_dashboard=False, **kw)
+            _start_local(ray, workers, kw)
         started = True
     try:
         task = ray.remote(num_cpus=1, max_retries=max_retries)(run_cell)
@@ -214,6 +252,29 @@ def run_sweep(spec: Spec, results: Path, *, workers: int = 1, address: str | Non
         if started:
             ray.shutdown()
     return stats
+
+
+LOCAL_STARTS = 3  # tries at starting local Ray (its raylet gets 30 s to register)
+
+
+def _start_local(ray: Any, workers: int, kw: dict[str, Any]) -> None:
+    """Local Ray with ``workers`` CPUs. Ray gives its raylet a fixed 30 s to register and
+    raises a bare ``Exception`` past it, which an overloaded machine reaches (load 50 on
+    2 cores here): tried ``LOCAL_STARTS`` times, then a ``ValueError`` saying so."""
+    for attempt in range(1, LOCAL_STARTS + 1):
+        try:
+            ray.init(address="local", num_cpus=workers, include_dashboard=False, **kw)
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
+            if attempt == LOCAL_STARTS:
+                raise ValueError(
+                    f"local Ray did not start in {LOCAL_STARTS} tries (its raylet did not "
+                    f"register in 30 s; 1-minute load {os.getloadavg()[0]:.1f}): try again "
+                    "on a less loaded machine, or start a cluster and pass --ray-address"
+                ) from None
 
 
 def _check_reachable(address: str, timeout: float = 5.0) -> None:

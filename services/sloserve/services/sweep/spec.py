@@ -31,7 +31,8 @@ from typing import Any, NoReturn
 
 KINDS = ("simulate", "capacity")
 CRITERIA = ("goodput", "tail", "token")
-TOP_KEYS = ("name", "options", "axes", "measure")
+TOP_KEYS = ("name", "options", "axes", "measure", "overrides")
+OVERRIDE_KEYS = ("when", "set")
 MEASURE_KEYS = ("rates", "capacity")
 CAPACITY_KEYS = ("criteria", "target", "qps_start", "rel_tol")
 # set by ``measure``, not by an axis or ``options``; ``json`` is the shell's, not the run's
@@ -296,11 +297,63 @@ def parse_spec(doc: Any, base: Path | None = None, name: str = "sweep") -> Spec:
             for axis, items in _mapping(top.get("axes", {}), "axes").items()]
     measures = (list(_measures(_mapping(top["measure"], "measure")))
                 if "measure" in top else None)
+    rules = _overrides(top.get("overrides", []), known) if "overrides" in top else []
     cells: list[Cell] = []
     seen: dict[str, str] = {}
+    hits = [0] * len(rules)
     for point in itertools.product(*(items for _, items in axes)):
-        cells += _point_cells(_point(fixed, axes, point, measures, base), parsers, seen)
+        pt = _point(fixed, axes, point, measures, base)
+        for i, rule in enumerate(rules):
+            hits[i] += _apply(rule, pt)
+        cells += _point_cells(pt, parsers, seen)
+    for rule, n in zip(rules, hits):
+        if not n:
+            _fail(f"{rule.at}.when", "matches no cell (compare the values the axes set, "
+                                     "e.g. 3 and not '3')")
     return Spec(name=spec_name, cells=tuple(cells))
+
+
+@dataclass(frozen=True)
+class _Rule:
+    """``overrides[i]``: options set on the cells whose options equal ``when`` (a per-cell
+    knob the cross product cannot say, e.g. Ascendra's HP instance on three instances only)."""
+
+    when: dict[str, Any]
+    set: dict[str, Any]
+    at: str
+
+
+def _overrides(doc: Any, known: Mapping[str, argparse.Action]) -> list[_Rule]:
+    rules = []
+    for i, item in enumerate(_list(doc, "overrides")):
+        at = f"overrides[{i}]"
+        rule = _mapping(item, at)
+        for k in rule:
+            if k not in OVERRIDE_KEYS:
+                _fail(f"{at}.{k}", f"unknown key (known: {', '.join(OVERRIDE_KEYS)})")
+        parts = []
+        for key in OVERRIDE_KEYS:
+            if key not in rule:
+                _fail(f"{at}.{key}", "missing")
+            body = _mapping(rule[key], f"{at}.{key}")
+            if not body:
+                _fail(f"{at}.{key}", "must not be empty")
+            for k, v in body.items():
+                _option(k, v, f"{at}.{key}.{k}", known)
+                if key == "set" and k in FILE_OPTIONS:
+                    _fail(f"{at}.set.{k}", "a file option is set on an axis, not here")
+            parts.append(dict(body))
+        rules.append(_Rule(when=parts[0], set=parts[1], at=at))
+    return rules
+
+
+def _apply(rule: _Rule, pt: _Point) -> bool:
+    """Set ``rule.set`` on ``pt`` when its options match ``rule.when``; True if they did."""
+    if any(pt.values.get(k) != v for k, v in rule.when.items()):
+        return False
+    for k, v in rule.set.items():
+        pt.values[k], pt.where[k] = v, f"{rule.at}.set.{k}"
+    return True
 
 
 def _axis_item(axis: str, i: int, item: Any, known: dict[str, Any]) -> Item:
@@ -395,3 +448,19 @@ def load_spec(path: str | Path) -> Spec:
         raise SpecError(f"{path}: not YAML ({exc})") from None
     spec = parse_spec(doc, base=p.resolve().parent, name=p.stem)
     return Spec(name=spec.name, cells=spec.cells, path=p)
+
+
+def select_cells(spec: Spec, hashes: str) -> frozenset[str]:
+    """The hashes of the cells of ``spec`` named in ``hashes`` (comma-separated hashes or
+    unique prefixes, ``--cells``); a prefix matching no cell or several is a ``SpecError``."""
+    wanted = [h.strip() for h in hashes.split(",") if h.strip()]
+    if not wanted:
+        raise SpecError("--cells: give at least one cell hash")
+    keep: set[str] = set()
+    for h in wanted:
+        hits = [c.hash for c in spec.cells if c.hash.startswith(h)]
+        if len(hits) != 1:
+            raise SpecError(f"--cells: {h!r} names {len(hits)} cells of {spec.name} "
+                            "(want one; `sloserve sweep SPEC --dry-run` lists them)")
+        keep.add(hits[0])
+    return frozenset(keep)
