@@ -300,8 +300,8 @@ def test_triage_is_the_default_and_defers_a_request_that_never_could_make_it() -
 
 def test_triage_drops_a_request_the_load_made_late() -> None:
     # feasible alone (0.41 s < 0.7 s), but the other long prompt due at 0.7 s makes one
-    # of them late: Moore-Hodgson gives it up, and triage drops it
-    i = inst()
+    # of them late: Moore-Hodgson gives it up, and triage drops it (no drop budget)
+    i = inst(drop_budget=1.0)
     for rid in ("l1", "l2"):
         i.add_request(req(rid, 2000, ttft=0.7), 0.0)
     plan, _, _ = i.schedule(0.0)
@@ -309,11 +309,47 @@ def test_triage_drops_a_request_the_load_made_late() -> None:
 
 
 def test_triage_drops_a_request_whose_latest_start_passed_while_others_wait() -> None:
-    i = inst(shed_window=0)
+    i = inst(shed_window=0, drop_budget=1.0)
     i.add_request(req("w", 1000, ttft=0.5), 0.0)  # 0.21 s alone: could make it at first
     i.add_request(req("other", 100, ttft=5.0), 0.0)
     plan, _, _ = i.schedule(0.4)  # 0.4 + 0.21 > 0.5: its latest start has passed
     assert plan.dropped == ["w"] and plan.drop_reasons["w"] == SHED_REASON
+
+
+@pytest.mark.parametrize("budget", [0.01, 0.1])
+def test_triage_drops_at_most_drop_budget_of_the_requests_given_and_defers_the_rest(
+        budget: float) -> None:
+    # issue 38: a burst of 100 long prompts all due at 0.7 s; each takes 0.41 s alone, so
+    # Moore-Hodgson keeps one and gives up 99 -- triage drops only its budget's share of the
+    # 100 requests given and defers the rest to the background lane
+    i = inst(drop_budget=budget)
+    for k in range(100):
+        i.add_request(req(f"l{k}", 2000, ttft=0.7), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert len(plan.dropped) == round(budget * 100)
+    assert all(plan.drop_reasons[r] == LATE_REASON for r in plan.dropped)
+    waiting = {r.request_id for r in i.waiting} - {it.request_id for it in plan.items}
+    assert len(waiting) == 100 - len(plan.dropped) - len(plan.items)  # deferred, not lost
+    assert SlackConfig().drop_budget == 0.01  # the tail criterion's default bound
+
+
+def test_the_drop_budget_grows_with_the_requests_given() -> None:
+    # after 100 more requests, one more drop is allowed (1 % of 200), not before
+    i = inst()
+    for k in range(100):
+        i.add_request(req(f"a{k}", 2000, ttft=0.7), 0.0)
+    plan, _, _ = i.schedule(0.0)
+    assert len(plan.dropped) == 1
+    i.complete(plan, 0.5)
+    for k in range(99):
+        i.add_request(req(f"b{k}", 2000, ttft=0.7, arrival=0.5), 0.5)
+    plan, _, _ = i.schedule(0.5)
+    assert plan.dropped == []
+    i.complete(plan, 1.0)
+    i.add_request(req("c", 2000, ttft=0.5, arrival=1.0), 1.0)
+    i.add_request(req("d", 2000, ttft=0.5, arrival=1.0), 1.0)
+    plan, _, _ = i.schedule(1.0)
+    assert len(plan.dropped) == 1
 
 
 def test_triage_defers_a_request_late_with_nobody_else_waiting() -> None:

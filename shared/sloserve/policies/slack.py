@@ -95,9 +95,12 @@ class SlackPolicy(Policy):
         self._seq = itertools.count()
         self._stalls = StallRule()  # the decode gaps planned, and those seen past the tail
         self._pacer = DecodePacer()  # recent arrivals: when a held decode iteration runs
+        self._arrived = 0  # requests this instance was given (the drop budget's base)
+        self._dropped = 0  # requests triage dropped
 
     def on_arrival(self, req: Request, now: float) -> None:
         self._pending.append(req)
+        self._arrived += 1
 
     def latest_start(self, req: Request, view: InstanceView) -> float:
         """Deadline of its next token less the predicted time of its remaining prefill
@@ -131,15 +134,24 @@ class SlackPolicy(Policy):
         or drop it. ``triage`` drops it only if the load made it late — Moore-Hodgson gave it
         up for others, or it is hopeless while other on-time requests wait — and defers it
         otherwise: it never could (its prefill alone is predicted to outlast its TTFT SLO),
-        or it missed by waiting for a running iteration with nobody else in the queue."""
+        or it missed by waiting for a running iteration with nobody else in the queue, or
+        the drops so far have spent ``drop_budget``."""
         contended = not hopeless or len(self._queued) > 1
         never = self._start_by[req.request_id] < req.arrival_time
         self._unqueue(req)
         mode = self.config.late
-        if mode == "defer" or (mode == "triage" and (never or not contended)):
+        if mode == "triage" and not never and contended and self._may_drop():
+            self._dropped += 1
+        elif mode != "drop":
             self._lane.defer(req)
-        else:
-            b.drop(req, SHED_REASON if hopeless else LATE_REASON)
+            return
+        b.drop(req, SHED_REASON if hopeless else LATE_REASON)
+
+    def _may_drop(self) -> bool:
+        """Whether one more drop keeps triage's drops within ``drop_budget`` of the requests
+        this instance was given (issue 38: a burst must not buy goodput with refusals over
+        the tail criterion's bound; past it, triage defers)."""
+        return self._dropped + 1 <= self.config.drop_budget * self._arrived
 
     def _sync(self, view: InstanceView) -> None:
         """Push new arrivals; rebuild (heapify, O(n)) if the waiting queue changed otherwise."""

@@ -33,6 +33,12 @@ class SlackConfig(PolicyConfig):
         "'defer' serves every such request from a background queue (shortest prompt "
         "first) with what on-time work leaves; 'drop' ends every one with a reason; "
         "'serve' gives up nothing", choices=LATE_MODES)
+    drop_budget: float = knob(
+        0.01, "slack: the most 'triage' may drop, as a share of the requests this instance "
+        "has been given so far; a request it would drop past that is deferred instead, so a "
+        "burst cannot buy goodput with refusals over the tail criterion's bound "
+        "(--max-drop-share, 1 %; issue 38); 1: no bound (triage before issue 38)",
+        min=0.0, max=1.0)
     order: str = knob(
         "smith", "slack: waiting order: 'smith' (deadline order, then short first where "
         "every kept deadline allows: Smith's rule), 'edf' (deadline order), 'latest-start' "
