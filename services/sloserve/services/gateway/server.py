@@ -38,6 +38,7 @@ from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.outputs import StopStrings, Timeline
+from sloserve.services.gateway.placement import Placement
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
     InputLimits,
@@ -108,8 +109,10 @@ def scoped_id(owner: str, request_id: str) -> str:
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
+    LINK_ROLE = "gateway"  # its scheduler streams' Hello (a frontend of several: "frontend")
+
     def __init__(
-        self, controller: Controller, statuses: dict[str, scheduler_pb2.SchedulerStatus],
+        self, controller: Placement, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
         decision_log: IO[str] | None = None, virtual_clock: bool = False,
         inputs: InputLimits | None = None,
@@ -143,7 +146,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.tenants: TenantLimiter | None = None  # per-key limits (``serve``), None: off
         self.gateway_id = uuid.uuid4().hex[:8]
         self.links = {
-            iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output)
+            iid: SchedulerLink(iid, addr, self.gateway_id, self.inflight, self.on_output,
+                               self.LINK_ROLE)
             for iid, addr in addresses.items()
         }
         self.watches = {iid: HealthWatch(iid, addr, self.on_health)
@@ -169,6 +173,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if f is None:
                 continue
             if isinstance(action, Dispatch):
+                if action.cause in ("route", "ticket"):
+                    f.spec.origin_instance = action.instance_id
                 f.instance_id = action.instance_id
                 f.spec.dispatch_time = now
                 f.spec.num_offloads = f.req.num_offloads
@@ -207,6 +213,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
             dropped = [f.req for d in out.dropped
                        if (f := self._located(d.request_id, instance_id))]
             reasons = {d.request_id: d.reason for d in out.dropped if d.reason}
+            for r in dropped:  # the scheduler's own words travel with it (to a router too)
+                r.drop_reason = reasons.get(r.request_id, r.drop_reason)
             self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now,
                             reasons)
         if out.HasField("state"):
@@ -275,10 +283,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
                    client_id=client_id, tenant=tenant)
         self.flights[spec.request_id] = f
-        action = self.ctl.admit(f.req, now)
-        if isinstance(action, Dispatch):
-            spec.origin_instance = action.instance_id
-        self._carry_out([action], now)
+        action = self.ctl.admit(f.req, now)  # None: the router's answer comes later
+        if action is not None:
+            self._carry_out([action], now)
         return f
 
     async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
@@ -472,7 +479,24 @@ def prefix_router(dep: Deployment,
     return PrefixRouter(list(statuses), capacity_units=max(1, blocks))
 
 
-async def serve(args: argparse.Namespace) -> None:
+@dataclass(slots=True)
+class Setup:
+    """What a gateway (or one frontend of several) reads before it serves: its keys,
+    certificate, schedulers and their statuses, Deployment, SLO defaults, input limits."""
+
+    keys: frozenset[str]
+    tenants: KeyLimits
+    tls: ServerTLS | None
+    addresses: dict[str, str]
+    statuses: dict[str, scheduler_pb2.SchedulerStatus]
+    dep: Deployment
+    defaults: dict[str, float | None]
+    inputs: InputLimits
+
+
+async def setup(args: argparse.Namespace) -> Setup:
+    """Check the flags and files (bad ones fail before any connection), then ask every
+    scheduler for its Status."""
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
@@ -480,27 +504,42 @@ async def serve(args: argparse.Namespace) -> None:
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
-    controller = Controller([(i, s.role) for i, s in statuses.items()],
-                            prefix_router=prefix_router(dep, statuses))
     defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
-    log = open(args.decision_log, "a") if args.decision_log else None
     inputs = InputLimits.from_args(args)
     for name, value in defaults.items():
         if value is not None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
+    return Setup(frozenset(keys), tenants, tls, addresses, statuses, dep, defaults, inputs)
+
+
+def public_interceptors(keys: frozenset[str]) -> list[grpc.aio.ServerInterceptor]:
+    """The public port's: the API-key check (when keys are configured), malformed input."""
+    return [*([auth.BearerAuth(keys, "API key")] if keys else []), MalformedRequests()]
+
+
+def configure(svc: GatewayService, st: Setup) -> None:
+    """API keys and per-key limits on a built service."""
+    svc.auth_on = bool(st.keys)
+    svc.tenants = TenantLimiter(st.tenants) if st.tenants.on else None
+
+
+async def serve(args: argparse.Namespace) -> None:
+    st = await setup(args)
+    keys, tls, inputs, addresses = st.keys, st.tls, st.inputs, st.addresses
+    controller = Controller([(i, s.role) for i, s in st.statuses.items()],
+                            prefix_router=prefix_router(st.dep, st.statuses))
+    log = open(args.decision_log, "a") if args.decision_log else None
     if args.http_port:  # refuse a taken HTTP port before serving anything
         rpc.check_port_free(args.http_host or args.host, args.http_port)
-    svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
-                         inputs)
-    svc.auth_on = bool(keys)
-    svc.tenants = TenantLimiter(tenants) if tenants.on else None
+    svc = GatewayService(controller, st.statuses, addresses, st.defaults, log,
+                         args.clock == "virtual", inputs)
+    configure(svc, st)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
         max_receive_bytes=inputs.max_message_bytes, internal=False, tarpit=False,
         credentials=tls.credentials() if tls else None,
-        interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
-                      MalformedRequests()],
+        interceptors=public_interceptors(keys),
     )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
