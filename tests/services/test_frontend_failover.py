@@ -38,8 +38,12 @@ def test_a_sigkilled_frontend_loses_only_its_streams_and_is_restarted(
         got: list[gateway_pb2.GenerateChunk] = []
         try:
             req = gateway_pb2.GenerateRequest(
-                prompt_token_ids=[66 + k % 30] * (30 + 3 * k), max_tokens=max_tokens,
-                ttft_slo=60.0, tbt_slo=60.0, request_id=f"kill-{k}")
+                prompt_token_ids=[66 + k % 30] * (30 + 3 * k),
+                max_tokens=max_tokens,
+                ttft_slo=60.0,
+                tbt_slo=60.0,
+                request_id=f"kill-{k}",
+            )
             for c in conns[k % n_conns][1].Generate(req, timeout=180):
                 if not got:
                     started.wait(timeout=60)
@@ -62,8 +66,12 @@ def test_a_sigkilled_frontend_loses_only_its_streams_and_is_restarted(
         # raced into the dying one's accept queue is reset; a client's retry lands here)
         ch, stub = own_connection(stack.gateway)  # a new connection, right after
         fresh = []
-        for c in stub.Generate(gateway_pb2.GenerateRequest(
-                prompt_token_ids=[90] * 20, max_tokens=4, request_id="after-kill"), timeout=10):
+        for c in stub.Generate(
+            gateway_pb2.GenerateRequest(
+                prompt_token_ids=[90] * 20, max_tokens=4, request_id="after-kill"
+            ),
+            timeout=10,
+        ):
             if not fresh:
                 fresh_s = time.monotonic() - killed  # served: its first token is here
             fresh.append(c)
@@ -73,7 +81,8 @@ def test_a_sigkilled_frontend_loses_only_its_streams_and_is_restarted(
         # the supervisor brings it back
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline and not any(
-                r.service == "gateway-1" and r.serving_at for r in supervisor.restarts):
+            r.service == "gateway-1" and r.serving_at for r in supervisor.restarts
+        ):
             time.sleep(0.5)
     finally:
         supervisor.stop()
@@ -92,8 +101,9 @@ def test_a_sigkilled_frontend_loses_only_its_streams_and_is_restarted(
         else:
             assert k not in failed, (k, failed.get(k))
             rid = f"kill-{k}"
-            assert [c.token_id for c in chunks[k]] == [pseudo_token(rid, i)
-                                                       for i in range(max_tokens)], k
+            assert [c.token_id for c in chunks[k]] == [
+                pseudo_token(rid, i) for i in range(max_tokens)
+            ], k
             assert chunks[k][-1].finish_reason == "length"
     back = [r for r in supervisor.restarts if r.service == "gateway-1"]
     assert back and back[0].serving_at is not None and back[0].pid != killed_pid, back

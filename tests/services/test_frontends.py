@@ -14,8 +14,8 @@ from pathlib import Path
 import grpc
 import httpx
 
-from sloserve.services.proto import gateway_grpc, gateway_pb2
 from sloserve.services.drills.openai_burst import burst, expected_text
+from sloserve.services.proto import gateway_grpc, gateway_pb2
 from sloserve.services.stack import Stack
 from sloserve.services.store import free_port
 
@@ -32,15 +32,19 @@ def own_connection(target: str) -> tuple[grpc.Channel, gateway_grpc.GatewayStub]
 def served(stack: Stack, name: str) -> float:
     """Requests a frontend finished (its vllm:request_success_total, every label)."""
     text = httpx.get(f"http://{stack.services[name].metrics}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
 
 
 def test_two_frontends_serve_a_300_request_openai_burst_exactly_and_both_take_requests(
     start_stack: Callable[..., Stack],
 ) -> None:
-    stack = start_stack(policy="sarathi", instances=2, frontends=2, http_port=free_port(),
-                        metrics=True)
+    stack = start_stack(
+        policy="sarathi", instances=2, frontends=2, http_port=free_port(), metrics=True
+    )
     n, max_tokens = 300, 24
     out = asyncio.run(burst(stack.http, n, max_tokens, connections=32, prefix="fe"))
     assert not out.errors, list(out.errors.items())[:3]
@@ -53,20 +57,30 @@ def test_two_frontends_serve_a_300_request_openai_burst_exactly_and_both_take_re
     assert sum(counts.values()) == n, counts
 
 
-def _ticket_intervals(decisions: list[dict[str, object]], first_token: dict[str, float],
-                      hp: str) -> list[tuple[float, float, str]]:
+def _ticket_intervals(
+    decisions: list[dict[str, object]], first_token: dict[str, float], hp: str
+) -> list[tuple[float, float, str]]:
     """Each ticketed request's time on the HP before its first token: from the router's
     dispatch to the first token's production (the scheduler's clock, same machine)."""
-    return sorted((float(str(d["time"])), first_token[str(d["request"])], str(d["request"]))
-                  for d in decisions
-                  if d.get("cause") == "ticket" and d["instance"] == hp)
+    return sorted(
+        (float(str(d["time"])), first_token[str(d["request"])], str(d["request"]))
+        for d in decisions
+        if d.get("cause") == "ticket" and d["instance"] == hp
+    )
 
 
 def test_ascendra_2l1h_through_two_frontends_one_ticket_at_a_time_and_round_robin(
-    start_stack: Callable[..., Stack], tmp_path: Path,
+    start_stack: Callable[..., Stack],
+    tmp_path: Path,
 ) -> None:
-    stack = start_stack(policy="ascendra", instances=3, hp_instances=1, frontends=2,
-                        metrics=True, decision_dir=tmp_path)
+    stack = start_stack(
+        policy="ascendra",
+        instances=3,
+        hp_instances=1,
+        frontends=2,
+        metrics=True,
+        decision_dir=tmp_path,
+    )
     n, conns = 60, [own_connection(stack.gateway) for _ in range(8)]
     results: dict[str, list[gateway_pb2.GenerateChunk]] = {}
     errors: list[BaseException] = []
@@ -75,8 +89,12 @@ def test_ascendra_2l1h_through_two_frontends_one_ticket_at_a_time_and_round_robi
         try:
             rid = f"burst-{k}"
             req = gateway_pb2.GenerateRequest(
-                prompt_token_ids=[70 + k % 20] * (100 + 37 * (k % 9)), max_tokens=16,
-                ttft_slo=60.0, tbt_slo=60.0, request_id=rid)
+                prompt_token_ids=[70 + k % 20] * (100 + 37 * (k % 9)),
+                max_tokens=16,
+                ttft_slo=60.0,
+                tbt_slo=60.0,
+                request_id=rid,
+            )
             results[rid] = list(conns[k % len(conns)][1].Generate(req, timeout=120))
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
@@ -97,8 +115,9 @@ def test_ascendra_2l1h_through_two_frontends_one_ticket_at_a_time_and_round_robi
     tickets = _ticket_intervals(decisions, first_token, "hp2")
     assert len(tickets) >= 2, f"tickets: {tickets}"  # else there is nothing to overlap
     for (_, end, rid), (start, _, nxt) in zip(tickets, tickets[1:]):
-        assert start >= end, f"{nxt} got the HP's ticket at {start} before {rid}'s first " \
-                             f"token at {end}"
+        assert start >= end, (
+            f"{nxt} got the HP's ticket at {start} before {rid}'s first token at {end}"
+        )
     routed = Counter(str(d["instance"]) for d in decisions if d.get("cause") == "route")
     assert set(routed) == {"lp0", "lp1"}, routed
     assert abs(routed["lp0"] - routed["lp1"]) <= 1, routed

@@ -27,14 +27,19 @@ def expected_text(request_id: str, max_tokens: int) -> str:
     return bytes(pseudo_token(request_id, i) for i in range(max_tokens)).decode()
 
 
-async def _one(client: httpx.AsyncClient, rid: str, k: int, max_tokens: int,
-               out: Burst) -> None:
-    body = {"prompt": [65 + k % 50] * (20 + k % 40), "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+async def _one(client: httpx.AsyncClient, rid: str, k: int, max_tokens: int, out: Burst) -> None:
+    body = {
+        "prompt": [65 + k % 50] * (20 + k % 40),
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     text: list[str] = []
     try:
-        async with client.stream("POST", "/v1/completions", json=body,
-                                 headers={"x-request-id": rid}) as resp:
+        async with client.stream(
+            "POST", "/v1/completions", json=body, headers={"x-request-id": rid}
+        ) as resp:
             if resp.status_code != 200:
                 out.errors[rid] = f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}"
                 return
@@ -57,17 +62,22 @@ async def _one(client: httpx.AsyncClient, rid: str, k: int, max_tokens: int,
     out.texts[rid] = "".join(text)
 
 
-async def burst(base_url: str, n: int, max_tokens: int, connections: int,
-                prefix: str, timeout: float = 300) -> Burst:
+async def burst(
+    base_url: str, n: int, max_tokens: int, connections: int, prefix: str, timeout: float = 300
+) -> Burst:
     """``n`` streams at once over up to ``connections`` connections (each a client of its
     own, so the kernel spreads them over the frontends sharing the port)."""
     out = Burst()
-    clients = [httpx.AsyncClient(base_url=base_url, timeout=timeout,
-                                 limits=httpx.Limits(max_connections=1))
-               for _ in range(connections)]
+    clients = [
+        httpx.AsyncClient(
+            base_url=base_url, timeout=timeout, limits=httpx.Limits(max_connections=1)
+        )
+        for _ in range(connections)
+    ]
     try:
-        await asyncio.gather(*(_one(clients[k % connections], f"{prefix}-{k}", k, max_tokens,
-                                    out) for k in range(n)))
+        await asyncio.gather(
+            *(_one(clients[k % connections], f"{prefix}-{k}", k, max_tokens, out) for k in range(n))
+        )
     finally:
         await asyncio.gather(*(c.aclose() for c in clients))
     return out

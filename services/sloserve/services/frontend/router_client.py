@@ -30,8 +30,9 @@ MAX_BACKOFF_S = 0.25
 class RouterClient:
     prefix_router: PrefixRouter | None = None  # the router's; the frontend only hashes
 
-    def __init__(self, target: str, frontend_id: str,
-                 on_actions: Callable[[list[tuple[Action, int]]], None]) -> None:
+    def __init__(
+        self, target: str, frontend_id: str, on_actions: Callable[[list[tuple[Action, int]]], None]
+    ) -> None:
         self.frontend_id, self._on_actions = frontend_id, on_actions
         self.location: dict[str, str] = {}  # this frontend's requests only
         self.started: set[str] = set()  # ... that have their first token
@@ -47,9 +48,14 @@ class RouterClient:
 
     def admit(self, req: Request, now: float) -> Action | None:
         ask = router_pb2.RouteAsk(
-            request_id=req.request_id, arrival_time=req.arrival_time,
-            prompt_len=req.prompt_len, max_tokens=req.output_len, priority=req.priority,
-            hash_ids=req.hash_ids or (), hash_unit=req.hash_unit if req.hash_ids else 0)
+            request_id=req.request_id,
+            arrival_time=req.arrival_time,
+            prompt_len=req.prompt_len,
+            max_tokens=req.output_len,
+            priority=req.priority,
+            hash_ids=req.hash_ids or (),
+            hash_unit=req.hash_unit if req.hash_ids else 0,
+        )
         if not self._send(router_pb2.RouterInput(route=ask, time=now)):
             return Drop(req.request_id, ROUTER_DOWN)
         self.pending.add(req.request_id)
@@ -63,18 +69,24 @@ class RouterClient:
             elif t.index == 0:
                 self.started.add(t.request_id)
 
-    def on_scheduled(self, instance_id: str, offloaded: Iterable[Request],
-                     dropped: Iterable[Request], now: float) -> list[Action]:
+    def on_scheduled(
+        self, instance_id: str, offloaded: Iterable[Request], dropped: Iterable[Request], now: float
+    ) -> list[Action]:
         """Told to the router; its actions come back on the stream."""
         sc = router_pb2.Scheduled(
-            instance_id=instance_id, offloaded=[r.request_id for r in offloaded],
-            dropped=[router_pb2.DroppedRequest(request_id=r.request_id,
-                                               reason=r.drop_reason or "") for r in dropped])
+            instance_id=instance_id,
+            offloaded=[r.request_id for r in offloaded],
+            dropped=[
+                router_pb2.DroppedRequest(request_id=r.request_id, reason=r.drop_reason or "")
+                for r in dropped
+            ],
+        )
         self._send(router_pb2.RouterInput(scheduled=sc, time=now))
         return []
 
-    def on_instance_state(self, instance_id: str, num_waiting_prefills: int, now: float,
-                          *, offers_ticket: bool = True) -> None:
+    def on_instance_state(
+        self, instance_id: str, num_waiting_prefills: int, now: float, *, offers_ticket: bool = True
+    ) -> None:
         """The router hears every state report itself."""
 
     def on_cancel(self, request_id: str, now: float) -> None:
@@ -113,9 +125,13 @@ class RouterClient:
         backoff = 0.05
         while True:
             q: asyncio.Queue[router_pb2.RouterInput | None] = asyncio.Queue()
-            hello = router_pb2.RouterHello(frontend_id=self.frontend_id, inflight=[
-                router_pb2.Placement(request_id=r, instance_id=i, started=r in self.started)
-                for r, i in self.location.items()])
+            hello = router_pb2.RouterHello(
+                frontend_id=self.frontend_id,
+                inflight=[
+                    router_pb2.Placement(request_id=r, instance_id=i, started=r in self.started)
+                    for r, i in self.location.items()
+                ],
+            )
             q.put_nowait(router_pb2.RouterInput(hello=hello))
             self._q = q
             try:
@@ -146,7 +162,8 @@ def _action(a: router_pb2.RouterAction) -> Action:
     return Drop(a.request_id, a.reason)
 
 
-async def _drain(q: asyncio.Queue[router_pb2.RouterInput | None]
-                 ) -> AsyncIterator[router_pb2.RouterInput]:
+async def _drain(
+    q: asyncio.Queue[router_pb2.RouterInput | None],
+) -> AsyncIterator[router_pb2.RouterInput]:
     while (msg := await q.get()) is not None:
         yield msg

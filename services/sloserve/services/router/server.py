@@ -37,29 +37,35 @@ OutQueue = asyncio.Queue[router_pb2.RouterOutput | None]
 
 
 class RouterService(router_grpc.RouterServicer):
-    def __init__(self, controller: Controller, addresses: dict[str, str],
-                 decision_log: IO[str] | None = None) -> None:
+    def __init__(
+        self, controller: Controller, addresses: dict[str, str], decision_log: IO[str] | None = None
+    ) -> None:
         self.log = obs.setup_logging("router")
         self.ctl, self.decision_log = controller, decision_log
         self.frontends: dict[str, OutQueue] = {}  # frontend id -> its stream's queue
         self.owner: dict[str, str] = {}  # request id -> the frontend that asked
         self.requests: dict[str, Request] = {}  # what the Controller sees, while placed
         router_id = f"router-{uuid.uuid4().hex[:8]}"
-        self.links = {iid: SchedulerLink(iid, addr, router_id, lambda _: [], self.on_output,
-                                         "router") for iid, addr in addresses.items()}
-        self.watches = {iid: HealthWatch(iid, addr, self.on_health)
-                        for iid, addr in addresses.items()}
+        self.links = {
+            iid: SchedulerLink(iid, addr, router_id, lambda _: [], self.on_output, "router")
+            for iid, addr in addresses.items()
+        }
+        self.watches = {
+            iid: HealthWatch(iid, addr, self.on_health) for iid, addr in addresses.items()
+        }
 
     # --- frontends ----------------------------------------------------------------
     async def Control(
-        self, request_iterator: AsyncIterator[router_pb2.RouterInput],
+        self,
+        request_iterator: AsyncIterator[router_pb2.RouterInput],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[router_pb2.RouterOutput]:
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("kind") != "hello" or not first.hello.frontend_id:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                "hello: the first message on Control must be a RouterHello "
-                                "with a frontend_id")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "hello: the first message on Control must be a RouterHello with a frontend_id",
+            )
         assert first is not None
         fid = first.hello.frontend_id
         q: OutQueue = asyncio.Queue()
@@ -89,8 +95,7 @@ class RouterService(router_grpc.RouterServicer):
             self.requests.setdefault(p.request_id, Request(p.request_id, 0.0, 1, 1))
         self.log.info("frontend_connected", frontend=fid, inflight=len(hello.inflight))
 
-    async def _read(self, fid: str, it: AsyncIterator[router_pb2.RouterInput],
-                    q: OutQueue) -> None:
+    async def _read(self, fid: str, it: AsyncIterator[router_pb2.RouterInput], q: OutQueue) -> None:
         try:
             async for msg in it:
                 kind = msg.WhichOneof("kind")
@@ -116,8 +121,13 @@ class RouterService(router_grpc.RouterServicer):
     def route(self, fid: str, ask: router_pb2.RouteAsk) -> None:
         """A new request: the Controller's admit (a ticketed HP, round-robin, prefix)."""
         now = time.time()
-        req = Request(ask.request_id, ask.arrival_time, max(1, ask.prompt_len),
-                      max(1, ask.max_tokens), priority=ask.priority)
+        req = Request(
+            ask.request_id,
+            ask.arrival_time,
+            max(1, ask.prompt_len),
+            max(1, ask.max_tokens),
+            priority=ask.priority,
+        )
         if ask.hash_unit:
             req.hash_ids, req.hash_unit = tuple(ask.hash_ids), ask.hash_unit
         self.owner[ask.request_id] = fid
@@ -149,9 +159,12 @@ class RouterService(router_grpc.RouterServicer):
             req = self.requests.get(a.request_id)
             fid = self.owner.get(a.request_id, "")
             if isinstance(a, Dispatch):
-                out[fid].actions.add(request_id=a.request_id, instance_id=a.instance_id,
-                                     cause=a.cause,
-                                     num_offloads=req.num_offloads if req else 0)
+                out[fid].actions.add(
+                    request_id=a.request_id,
+                    instance_id=a.instance_id,
+                    cause=a.cause,
+                    num_offloads=req.num_offloads if req else 0,
+                )
             else:
                 out[fid].actions.add(request_id=a.request_id, reason=a.reason)
                 self._forget(a.request_id)
@@ -172,9 +185,12 @@ class RouterService(router_grpc.RouterServicer):
                 self._forget(t.request_id)
         if out.HasField("state"):
             s = out.state
-            self.ctl.on_instance_state(s.instance_id, s.num_waiting_prefills,
-                                       out.time or time.time(),
-                                       offers_ticket=not s.declines_ticket)
+            self.ctl.on_instance_state(
+                s.instance_id,
+                s.num_waiting_prefills,
+                out.time or time.time(),
+                offers_ticket=not s.declines_ticket,
+            )
 
     def on_health(self, instance_id: str, serving: bool) -> None:
         """As the one gateway's (``gateway.server``): the Controller decides; re-runs go to
@@ -185,8 +201,12 @@ class RouterService(router_grpc.RouterServicer):
             self.log.info("instance_back", instance=instance_id, at=now)
             return
         actions = self.ctl.on_instance_lost(instance_id, now)
-        self.log.warning("instance_lost", instance=instance_id, at=now,
-                         rerun=sum(isinstance(a, Dispatch) for a in actions))
+        self.log.warning(
+            "instance_lost",
+            instance=instance_id,
+            at=now,
+            rerun=sum(isinstance(a, Dispatch) for a in actions),
+        )
         for a in actions:
             if isinstance(a, Dispatch):
                 self.links[instance_id].cancel(a.request_id)
@@ -195,16 +215,24 @@ class RouterService(router_grpc.RouterServicer):
 
 async def serve(args: argparse.Namespace) -> None:
     addresses = parse_schedulers(args.scheduler)
-    statuses = dict(zip(addresses, await asyncio.gather(
-        *(_status(a, args.connect_timeout) for a in addresses.values()))))
+    statuses = dict(
+        zip(
+            addresses,
+            await asyncio.gather(*(_status(a, args.connect_timeout) for a in addresses.values())),
+        )
+    )
     dep = deployment_flags.resolve_into(args)
-    controller = Controller([(i, s.role) for i, s in statuses.items()],
-                            prefix_router=prefix_router(dep, statuses))
+    controller = Controller(
+        [(i, s.role) for i, s in statuses.items()], prefix_router=prefix_router(dep, statuses)
+    )
     log = open(args.decision_log, "a") if args.decision_log else None
     svc = RouterService(controller, addresses, log)
     server, _ = await rpc.start_server(
-        args.host, args.port, SERVICE_NAMES["router"],
-        lambda s: router_grpc.add_RouterServicer_to_server(svc, s))
+        args.host,
+        args.port,
+        SERVICE_NAMES["router"],
+        lambda s: router_grpc.add_RouterServicer_to_server(svc, s),
+    )
     obs.start_metrics(args.metrics_port, args.host)
     tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
     tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
@@ -214,12 +242,20 @@ async def serve(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = rpc.service_parser("router", redis=False)
-    p.add_argument("--scheduler", action="append", required=True, metavar="ID=HOST:PORT",
-                   help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT")
+    p.add_argument(
+        "--scheduler",
+        action="append",
+        required=True,
+        metavar="ID=HOST:PORT",
+        help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT",
+    )
     deployment_flags.add_deployment_arg(p)
     p.add_argument("--connect-timeout", type=float, default=60.0)
-    p.add_argument("--decision-log", default=None,
-                   help="append the controller's decisions (with the time) as JSON lines")
+    p.add_argument(
+        "--decision-log",
+        default=None,
+        help="append the controller's decisions (with the time) as JSON lines",
+    )
     return p
 
 

@@ -34,8 +34,9 @@ class Streams:
     def owned_by(self, frontend_id: str) -> list[str]:
         return [r for r, f in self.owner.items() if f == frontend_id]
 
-    def split(self, out: scheduler_pb2.SchedulerOutput
-              ) -> list[tuple[OutQueue, scheduler_pb2.SchedulerOutput]]:
+    def split(
+        self, out: scheduler_pb2.SchedulerOutput
+    ) -> list[tuple[OutQueue, scheduler_pb2.SchedulerOutput]]:
         """``out`` cut per stream: each frontend's own tokens, offloads and drops (with the
         state report), the router's control tokens (first, last) and state. A request's
         last token, offload or drop ends its ownership here."""
