@@ -122,3 +122,21 @@ def test_ascendra_2l1h_through_two_frontends_one_ticket_at_a_time_and_round_robi
     assert set(routed) == {"lp0", "lp1"}, routed
     assert abs(routed["lp0"] - routed["lp1"]) <= 1, routed
     assert sum(routed.values()) + len(tickets) == n
+
+
+def test_frontends_must_be_a_positive_integer_and_refuse_the_virtual_clock() -> None:
+    from sloserve.services.stack import StackConfig
+
+    for bad in (0, -1, 1.5, True):
+        try:
+            StackConfig(frontends=bad).validate()  # type: ignore[arg-type]
+        except ValueError as exc:
+            assert str(exc).startswith("--frontends: must be an integer >= 1"), exc
+        else:
+            raise AssertionError(f"frontends={bad!r} was accepted")
+    try:
+        StackConfig(frontends=2, clock="virtual").validate()
+    except ValueError as exc:
+        assert "--frontends" in str(exc)
+    else:
+        raise AssertionError("--frontends 2 with the virtual clock was accepted")
