@@ -124,6 +124,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             spec.prompt_token_ids), generated=len(spec.generated_token_ids),
             max_tokens=spec.max_tokens, priority=spec.priority)
         self.specs[rid] = spec
+        self.streams.arrived = True  # the router's next state report goes out
         if persist:
             self.store.accept(spec)
         self.wake.set()
@@ -264,6 +265,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         fid = hello.gateway_id
         if hello.router:
             self.streams.routers.append(q)
+            self.streams.rejoined()
         else:
             old = self.streams.frontends.get(fid)
             if old is not None:

@@ -3,9 +3,13 @@
 With ``up --frontends N`` every frontend opens its own ``Connect`` stream (``Hello.frontend``)
 and owns the requests it submits on it: their tokens, offloads and drops go to it alone,
 straight from here (no third process on the token path). The router's stream
-(``Hello.router``) gets what its ``Controller`` needs: every state report and each
-request's first and last token. Every frontend gets the state reports too (its /metrics).
-The one gateway of ``--frontends 1`` is not here: it gets everything, as before.
+(``Hello.router``) gets what its ``Controller`` needs: each request's first and last token,
+and a state report when the Controller could read something new in it (its waiting
+prefills or ticket offer changed, or a request arrived since the last one: the Controller
+counts one more waiting prefill per dispatch until the next report). A frontend gets the
+state with its own messages (its /metrics), never a message of state alone: per-iteration
+messages are what a frontend's CPU per token pays for. The one gateway of
+``--frontends 1`` is not here: it gets everything, as before.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ class Streams:
         self.frontends: dict[str, OutQueue] = {}  # frontend id -> its stream's queue
         self.routers: list[OutQueue] = []
         self.owner: dict[str, str] = {}  # request id -> the frontend that submitted it
+        self.arrived = True  # a request came since the router's last state report
+        self._told: tuple[int, bool] | None = None  # (waiting prefills, declines) it has
 
     @property
     def active(self) -> bool:
@@ -33,6 +39,10 @@ class Streams:
 
     def owned_by(self, frontend_id: str) -> list[str]:
         return [r for r, f in self.owner.items() if f == frontend_id]
+
+    def rejoined(self) -> None:
+        """A router (re)connected: its first state report is always sent."""
+        self._told = None
 
     def split(
         self, out: scheduler_pb2.SchedulerOutput
@@ -68,15 +78,16 @@ class Streams:
             self.owner.pop(d.request_id, None)
         state = out.state if out.HasField("state") else None
         msgs = []
-        for fid, q in self.frontends.items():
-            m = parts.get(fid)
-            if m is None and state is None:
-                continue
-            if m is None:
-                m = scheduler_pb2.SchedulerOutput(time=out.time)
+        for fid, m in parts.items():
             if state is not None:
                 m.state.CopyFrom(state)
-            msgs.append((q, m))
+            msgs.append((self.frontends[fid], m))
+        if state is not None:
+            key = (state.num_waiting_prefills, state.declines_ticket)
+            if key == self._told and not self.arrived:
+                state = None  # nothing new for the Controller
+            else:
+                self._told, self.arrived = key, False
         if control or state is not None:
             for q in self.routers:
                 r = scheduler_pb2.SchedulerOutput(time=out.time, tokens=control)
