@@ -6,7 +6,8 @@ Starts a sim stack (``Stack``, real Redis from ``$REDIS_URL``) per run, sends on
 ``/proc`` of every frontend process (``gateway``, ``gateway-1``, ...) and of the router
 before and after it. Runs alternate (ABBA: 1, 2, 2, 1 frontends by default) and each
 prints one JSON line with the 1-minute load average: frontend CPU µs per delivered token
-(summed over frontends), the router's µs per request, each frontend's request count.
+(summed over frontends; also net of what they burn idle, measured for ``--idle-s`` before
+the burst), the router's µs per request, each frontend's request count.
 
     PYTHONPATH=shared:services python infra/bench/frontends_cpu.py --order 1,2,2,1
 """
@@ -37,43 +38,73 @@ def cpu_s(pid: int) -> float:
 
 def served(stack: Stack, name: str) -> float:
     text = httpx.get(f"http://{stack.services[name].metrics}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("vllm:request_success_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("vllm:request_success_total")
+    )
 
 
 def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
-    cfg = StackConfig(policy=args.policy, instances=args.instances, frontends=frontends,
-                      gateway_port=free_port(), http_port=free_port(), metrics=True,
-                      redis_url=os.environ.get("REDIS_URL"),
-                      prefix=f"sloserve-bench:{uuid.uuid4().hex[:8]}",
-                      log_dir=Path(tempfile.mkdtemp(prefix="frontends-cpu-")))
+    cfg = StackConfig(
+        policy=args.policy,
+        instances=args.instances,
+        frontends=frontends,
+        gateway_port=free_port(),
+        http_port=free_port(),
+        metrics=True,
+        redis_url=os.environ.get("REDIS_URL"),
+        prefix=f"sloserve-bench:{uuid.uuid4().hex[:8]}",
+        log_dir=Path(tempfile.mkdtemp(prefix="frontends-cpu-")),
+    )
     with Stack(cfg) as stack:
         names = [n for n in stack.services if n.split("-")[0] == "gateway"]
         pids = {n: stack.services[n].proc.pid for n in names}  # type: ignore[union-attr]
         router = stack.services.get("router")
         router_pid = router.proc.pid if router is not None and router.proc else None
+        idle0 = {n: cpu_s(p) for n, p in pids.items()}
+        time.sleep(args.idle_s)  # what the frontends burn doing nothing (pollers, timers)
         before = {n: cpu_s(p) for n, p in pids.items()}
+        idle_rate = sum(before[n] - idle0[n] for n in names) / max(args.idle_s, 1e-9)
         r0 = cpu_s(router_pid) if router_pid else 0.0
         t0 = time.monotonic()
-        out = asyncio.run(burst(stack.http, args.requests, args.max_tokens, args.connections,
-                                prefix=f"cpu{frontends}"))
+        out = asyncio.run(
+            burst(
+                stack.http,
+                args.requests,
+                args.max_tokens,
+                args.connections,
+                prefix=f"cpu{frontends}",
+            )
+        )
         wall = time.monotonic() - t0
         after = {n: cpu_s(p) for n, p in pids.items()}
         r1 = cpu_s(router_pid) if router_pid else 0.0
-        exact = sum(1 for rid, text in out.texts.items()
-                    if text == expected_text(rid, args.max_tokens))
+        exact = sum(
+            1 for rid, text in out.texts.items() if text == expected_text(rid, args.max_tokens)
+        )
         counts = {n: served(stack, n) for n in names}
     tokens = sum(out.tokens.values())
     cpu = sum(after[n] - before[n] for n in names)
     return {
-        "frontends": frontends, "requests": args.requests, "max_tokens": args.max_tokens,
-        "completed": len(out.texts), "exact": exact, "errors": len(out.errors),
-        "tokens": tokens, "wall_s": round(wall, 2), "frontend_cpu_s": round(cpu, 3),
+        "frontends": frontends,
+        "requests": args.requests,
+        "max_tokens": args.max_tokens,
+        "completed": len(out.texts),
+        "exact": exact,
+        "errors": len(out.errors),
+        "tokens": tokens,
+        "wall_s": round(wall, 2),
+        "frontend_cpu_s": round(cpu, 3),
         "frontend_us_per_token": round(1e6 * cpu / max(1, tokens), 1),
+        "frontend_idle_cpu_per_s": round(idle_rate, 4),
+        "frontend_us_per_token_above_idle": round(
+            1e6 * (cpu - idle_rate * wall) / max(1, tokens), 1
+        ),
         "per_frontend_cpu_s": {n: round(after[n] - before[n], 3) for n in names},
-        "router_us_per_request": round(1e6 * (r1 - r0) / args.requests, 1) if router_pid
-        else None,
-        "requests_by_frontend": counts, "load_1m": os.getloadavg()[0],
+        "router_us_per_request": round(1e6 * (r1 - r0) / args.requests, 1) if router_pid else None,
+        "requests_by_frontend": counts,
+        "load_1m": os.getloadavg()[0],
     }
 
 
@@ -85,6 +116,12 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--policy", default="sarathi")
+    p.add_argument(
+        "--idle-s",
+        type=float,
+        default=10.0,
+        help="measure the frontends idle this long first (their baseline)",
+    )
     args = p.parse_args()
     for n in (int(x) for x in args.order.split(",")):
         print(json.dumps(one_run(n, args)), flush=True)
