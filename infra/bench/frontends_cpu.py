@@ -36,6 +36,23 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def scheduler_messages(stack: Stack) -> int:
+    """Messages the schedulers have put on their streams (frontends' and router's)."""
+    import grpc
+
+    from sloserve.services.proto import scheduler_grpc, scheduler_pb2
+
+    total = 0
+    for name, svc in stack.services.items():
+        if name.startswith("scheduler-"):
+            with grpc.insecure_channel(svc.address) as ch:
+                st = scheduler_grpc.SchedulerStub(ch).Status(
+                    scheduler_pb2.StatusRequest(), metadata=stack.internal_metadata, timeout=10
+                )
+                total += st.output_seq
+    return total
+
+
 def served(stack: Stack, name: str) -> float:
     text = httpx.get(f"http://{stack.services[name].metrics}/metrics", timeout=10).text
     return sum(
@@ -67,6 +84,7 @@ def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
         before = {n: cpu_s(p) for n, p in pids.items()}
         idle_rate = sum(before[n] - idle0[n] for n in names) / max(args.idle_s, 1e-9)
         r0 = cpu_s(router_pid) if router_pid else 0.0
+        m0 = scheduler_messages(stack)
         t0 = time.monotonic()
         out = asyncio.run(
             burst(
@@ -80,6 +98,7 @@ def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
         wall = time.monotonic() - t0
         after = {n: cpu_s(p) for n, p in pids.items()}
         r1 = cpu_s(router_pid) if router_pid else 0.0
+        messages = scheduler_messages(stack) - m0
         exact = sum(
             1 for rid, text in out.texts.items() if text == expected_text(rid, args.max_tokens)
         )
@@ -101,6 +120,7 @@ def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
         "frontend_us_per_token_above_idle": round(
             1e6 * (cpu - idle_rate * wall) / max(1, tokens), 1
         ),
+        "scheduler_messages": messages,
         "per_frontend_cpu_s": {n: round(after[n] - before[n], 3) for n in names},
         "router_us_per_request": round(1e6 * (r1 - r0) / args.requests, 1) if router_pid else None,
         "requests_by_frontend": counts,
