@@ -140,3 +140,25 @@ def test_frontends_must_be_a_positive_integer_and_refuse_the_virtual_clock() -> 
         assert "--frontends" in str(exc)
     else:
         raise AssertionError("--frontends 2 with the virtual clock was accepted")
+
+
+def test_prefix_routing_through_two_frontends_keeps_each_prefix_on_one_instance(
+    start_stack: Callable[..., Stack], tmp_path: Path
+) -> None:
+    """The prompt's prefix ids travel in the frontend's ask: the router's prefix router
+    places requests sharing a prefix together, whichever frontend took them."""
+    stack = start_stack(
+        policy="sarathi", instances=3, frontends=2, prefix_routing=True, decision_dir=tmp_path
+    )
+    for k in range(12):  # 3 prefixes, 4 requests each, each on a connection of its own
+        ch, stub = own_connection(stack.gateway)
+        req = gateway_pb2.GenerateRequest(
+            prompt_token_ids=[70 + k // 4] * 200 + [k], max_tokens=4, request_id=f"p-{k}"
+        )
+        assert len(list(stub.Generate(req, timeout=60))) == 4
+        ch.close()
+    rows = [json.loads(line) for line in (tmp_path / "router.jsonl").read_text().splitlines()]
+    where = {r["request"]: r["instance"] for r in rows if r["kind"] == "dispatch"}
+    groups = [{where[f"p-{k}"] for k in range(g * 4, g * 4 + 4)} for g in range(3)]
+    assert all(len(g) == 1 for g in groups), groups
+    assert len(set.union(*groups)) == 3, groups
