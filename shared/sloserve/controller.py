@@ -200,6 +200,16 @@ class Controller:
             raise ValueError(f"instance_id: unknown instance {instance_id!r}")
         self.location[request_id] = instance_id
 
+    def on_placed(self, request_id: str, instance_id: str, started: bool) -> None:
+        """A request already on ``instance_id`` that this controller did not place (the
+        router restarted and a frontend re-announces it, issue 33): where it is; an HP
+        request before its first token holds that HP's ticket (never two at once)."""
+        if instance_id not in self.waiting_prefills:
+            raise ValueError(f"instance_id: unknown instance {instance_id!r}")
+        self.location[request_id] = instance_id
+        if not started and instance_id in self.ticket_holder and self.lp:
+            self.ticket_holder[instance_id] = request_id
+
     def on_instance_lost(self, instance_id: str, now: float) -> list[Action]:
         """``instance_id`` is dead or hung: no new work, its requests re-run elsewhere."""
         if instance_id not in self.waiting_prefills:

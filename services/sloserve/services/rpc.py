@@ -76,10 +76,11 @@ def client_options(keepalive: int | None = None,
 
 def server_options(keepalive: int | None = None,
                    max_receive_bytes: int = INTERNAL_MESSAGE_BYTES,
-                   tarpit: bool = True) -> Options:
+                   tarpit: bool = True, reuse_port: bool = False) -> Options:
     """Every server's options: accepts the clients' pings, refuses a port in use;
     ``tarpit=False``: a message over ``max_receive_bytes`` is refused at once (see the
-    module's tarpit note)."""
+    module's tarpit note); ``reuse_port``: share the port with other processes that set it
+    too (SO_REUSEPORT: ``up --frontends N``, issue 33)."""
     k = keepalive or keepalive_ms()
     return [
         *([] if tarpit else [("grpc.http.tarpit", 0)]),
@@ -90,7 +91,7 @@ def server_options(keepalive: int | None = None,
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.min_ping_interval_without_data_ms", max(1, k // 2)),  # <= client's
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.so_reuseport", 0),
+        ("grpc.so_reuseport", int(reuse_port)),
     ]
 
 
@@ -152,6 +153,8 @@ async def start_server(
     internal: bool = True,
     tarpit: bool = True,
     credentials: grpc.ServerCredentials | None = None,
+    reuse_port: bool = False,
+    private_port: int = 0,
 ) -> tuple[grpc.aio.Server, health.aio.HealthServicer]:
     """Start an aio server with our servicer, standard health checking and reflection.
 
@@ -161,10 +164,14 @@ async def start_server(
     ``internal`` server without them serves mutual TLS when ``$SLOSERVE_INTERNAL_*`` say so.
 
     The service reports SERVING once started; call ``set_not_serving`` on drain.
-    Raises :class:`PortInUse` when ``host:port`` is taken.
+    Raises :class:`PortInUse` when ``host:port`` is taken. ``reuse_port``: ``port`` is
+    shared with the other frontends (SO_REUSEPORT; taken only by a process without it);
+    ``private_port``: also listen there alone (``up``'s health checks of this process).
     """
-    if port:
+    if port and not reuse_port:
         check_port_free(host, port)
+    if private_port:
+        check_port_free(host, private_port)
     if internal:
         from sloserve.services.auth import internal_interceptors
         from sloserve.services.tls import MutualTLS
@@ -174,7 +181,8 @@ async def start_server(
         if credentials is None and mtls is not None:
             credentials = mtls.server_credentials()
     server = grpc.aio.server(
-        options=server_options(max_receive_bytes=max_receive_bytes, tarpit=tarpit),
+        options=server_options(max_receive_bytes=max_receive_bytes, tarpit=tarpit,
+                               reuse_port=reuse_port),
         interceptors=interceptors)
     register(server)
     hs = health.aio.HealthServicer()
@@ -182,13 +190,14 @@ async def start_server(
     reflection.enable_server_reflection(
         (service_name, health.SERVICE_NAME, reflection.SERVICE_NAME), server
     )
-    try:
-        bound = (server.add_insecure_port(f"{host}:{port}") if credentials is None else
-                 server.add_secure_port(f"{host}:{port}", credentials))
-    except RuntimeError:  # grpcio raises where older versions returned 0
-        bound = 0
-    if bound == 0:
-        raise PortInUse(f"port {port}: cannot listen on {host}:{port}, already in use")
+    for p in (port, private_port) if private_port else (port,):
+        try:
+            bound = (server.add_insecure_port(f"{host}:{p}") if credentials is None else
+                     server.add_secure_port(f"{host}:{p}", credentials))
+        except RuntimeError:  # grpcio raises where older versions returned 0
+            bound = 0
+        if bound == 0:
+            raise PortInUse(f"port {p}: cannot listen on {host}:{p}, already in use")
     await server.start()
     for name in ("", service_name):
         await hs.set(name, health_pb2.HealthCheckResponse.SERVING)

@@ -127,6 +127,9 @@ class StackConfig(Deployment):
     tls_key: str | None = None
     tls_ca: str | None = None  # None: $SLOSERVE_TLS_CA
     tls_internal_dir: str | None = None  # ca.pem, <service>.pem, <service>-key.pem
+    # frontend processes sharing the public ports (issue 33): 1 is the one gateway holding
+    # the Controller; N > 1 are frontends "gateway", "gateway-1", ... and a "router" holding it
+    frontends: int = 1
 
     def validate(self) -> None:
         self.check()
@@ -138,6 +141,12 @@ class StackConfig(Deployment):
                              "CA that signed it, to check the gateway's health over TLS")
         if self.tls_internal_dir is not None:
             MutualTLS.from_dir(self.tls_internal_dir, "up", "gateway")
+        if isinstance(self.frontends, bool) or not isinstance(self.frontends, int) \
+                or self.frontends < 1:
+            raise ValueError(f"--frontends: must be an integer >= 1, got {self.frontends!r}")
+        if self.frontends > 1 and self.clock == "virtual":
+            raise ValueError("--frontends: the virtual clock's conductor drives one gateway; "
+                             "use --frontends 1 with --clock virtual")
 
     def resolved(self) -> Deployment:
         """The Deployment every service is handed: the policy's SLO-dependent defaults
@@ -202,7 +211,8 @@ class Stack:
 
     @property
     def gateway(self) -> str:
-        return self.services["gateway"].address
+        """The public gRPC address (every frontend's, with ``--frontends N``)."""
+        return f"{self.cfg.host}:{self.cfg.gateway_port}"
 
     @property
     def http(self) -> str:
@@ -221,13 +231,13 @@ class Stack:
     def credentials(self, name: str) -> grpc.ChannelCredentials | None:
         """What ``up`` (its start-up wait, the supervisor) checks service ``name``'s health
         with: the public CA for a TLS gateway, our own certificate on a mutual-TLS plane."""
-        if name == "gateway":
+        if name.split("-")[0] == "gateway":
             return client_credentials(self.cfg.tls_ca) if self.cfg.tls_cert else None
         mine = self.internal_tls("up", "gateway")
         return None if mine is None else mine.channel_credentials()
 
     def _module(self, svc: str, port: int, *args: str) -> list[str]:
-        host = self.cfg.host if svc == "gateway" else INTERNAL_HOST
+        host = self.cfg.host if svc in ("gateway", "frontend") else INTERNAL_HOST
         base = [sys.executable, "-m", f"sloserve.services.{svc}", "--host", host,
                 "--port", str(port)]
         return base + list(args)
@@ -257,7 +267,7 @@ class Stack:
         # a vLLM executor answers Describe only once vLLM is imported and the model loaded
         budget = start_budget(c.backend)
         wait = ["--connect-timeout", str(budget)] if budget > DEFAULT_START_S else []
-        n = 0
+        scheds: list[str] = []
         for k, (iid, role) in enumerate(instance_roles(c.policy, c.instances, c.hp_instances)):
             pe, ps = self._port(h), self._port(h)
             ex = ["--backend", c.backend, "--model", c.model, "--gpu", c.gpu,
@@ -283,12 +293,9 @@ class Stack:
                 "--prefix-caching" if c.prefix_caching else "--no-prefix-caching",
                 *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
-            n += 1
-        # the gateway learns the schedulers from the registry in Redis, where each registers
-        # itself (issue 34, item 2); it serves once all of this stack's are known
+            scheds += ["--scheduler", f"{iid}={h}:{ps}"]
         gw = ["--ttft-slo", str(c.ttft_slo or 0), "--tbt-slo", str(c.tbt_slo or 0), *wait,
-              "--prefix", self.prefix, "--min-instances", str(n), "--clock", c.clock,
-              "--deployment", dep.to_json(), *self._decision_log("gateway")]
+              "--clock", c.clock, "--deployment", dep.to_json()]
         if c.api_key_file:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:
@@ -301,8 +308,33 @@ class Stack:
                    repr(kl.token_rate), "--key-token-burst", repr(kl.token_burst)]
         if c.tls_cert and c.tls_key:
             gw += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
-        self._add("gateway", self._module("gateway", c.gateway_port, *gw),
-                  f"{c.host}:{c.gateway_port}", "gateway")
+        if c.frontends == 1:
+            # the gateway learns the schedulers from the registry in Redis, where each
+            # registers itself (issue 34, item 2); it serves once all of this stack's are known
+            self._add("gateway", self._module(
+                "gateway", c.gateway_port, *gw, "--prefix", self.prefix, "--min-instances",
+                str(len(scheds) // 2), *self._decision_log("gateway")),
+                f"{c.host}:{c.gateway_port}", "gateway")
+            return
+        # several frontends and their router take the schedulers as a fixed list
+        self._plan_frontends([*gw, *scheds], scheds, wait, dep.to_json())
+
+    def _plan_frontends(self, gw: list[str], scheds: list[str], wait: list[str],
+                        deployment: str) -> None:
+        """``--frontends N`` (issue 33): the router (the one Controller, its decision log
+        ``router.jsonl``) and N frontends on the public ports; each also listens alone on a
+        private port, which ``up`` checks its health on."""
+        c, h = self.cfg, INTERNAL_HOST
+        pr = self._port(h)
+        self._add("router", self._module(
+            "router", pr, *scheds, *wait, "--deployment", deployment,
+            *self._decision_log("router")), f"{h}:{pr}", "router")
+        for k in range(c.frontends):
+            own = self._port(c.host)
+            name = "gateway" if k == 0 else f"gateway-{k}"
+            self._add(name, self._module(
+                "frontend", c.gateway_port, *gw, "--router", f"{h}:{pr}", "--index", str(k),
+                "--private-port", str(own)), f"{c.host}:{own}", "gateway")
 
     def _decision_log(self, name: str) -> list[str]:
         d = self.cfg.decision_dir
@@ -334,13 +366,16 @@ class Stack:
         try:
             # the gateway asks every scheduler for its Status as it starts, and a scheduler
             # is ready only once its executor is (a vllm executor loads for ~a minute)
-            *backends, gateway = self.services
+            public = [n for n in self.services if n.split("-")[0] == "gateway"]
+            backends = [n for n in self.services if n not in public]
             for name in backends:
                 self.spawn(name)
             for name in backends:
                 self._wait_started(name, time.monotonic() + timeout)
-            self.spawn(gateway)
-            self._wait_started(gateway, time.monotonic() + timeout)
+            for name in public:
+                self.spawn(name)
+            for name in public:
+                self._wait_started(name, time.monotonic() + timeout)
         except BaseException:
             self.stop()
             raise
@@ -394,7 +429,8 @@ class Stack:
             env[INTERNAL_TOKEN_ENV] = self.internal_token
         for var in INTERNAL_ENVS:
             env.pop(var, None)
-        mtls = self.internal_tls(name)
+        # the router talks to the schedulers as the gateway did: the gateway's files serve it
+        mtls = self.internal_tls(name, *(("gateway",) if name == "router" else ()))
         if mtls is not None:
             env.update(mtls.env())
         svc.proc = subprocess.Popen(svc.argv, stdout=err, stderr=err, env=env)

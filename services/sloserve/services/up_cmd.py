@@ -69,6 +69,10 @@ def add_parser(subparsers: Any) -> None:
                         "else gateway.pem)")
     p.add_argument("--insecure", action="store_true",
                    help="serve plaintext on a non-loopback --host (refused otherwise)")
+    p.add_argument("--frontends", type=number(int, 1, strict=False), default=1, metavar="N",
+                   help="frontend processes sharing the gateway's gRPC and HTTP ports "
+                        "(SO_REUSEPORT); N > 1 adds a router holding the one controller "
+                        "(docs/architecture.md, issue 33)")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the gateway's OpenAI-compatible HTTP API (0: off)")
     p.add_argument("--tool-call-parser", default="", metavar="NAME",
@@ -125,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         tls_internal_dir=args.tls_internal_dir,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
         tool_call_parser=args.tool_call_parser,
+        frontends=args.frontends,
     )
     cfg.validate()
     return cfg

@@ -26,7 +26,19 @@ class Hello(_message.Message):
 
     GATEWAY_ID_FIELD_NUMBER: _builtins.int
     INFLIGHT_FIELD_NUMBER: _builtins.int
+    FRONTEND_FIELD_NUMBER: _builtins.int
+    ROUTER_FIELD_NUMBER: _builtins.int
     gateway_id: _builtins.str
+    frontend: _builtins.bool
+    """One of several frontends (issue 33, item 1): this stream owns the requests it submits
+    and gets only their tokens, offloads and drops (and every state report); its Hello
+    cancels only its own unlisted requests and its end cancels the rest of its own.
+    False: the one gateway (the newest stream wins and owns every request).
+    """
+    router: _builtins.bool
+    """The router (issue 33, item 2): state reports and each request's first and last token
+    only (what the Controller needs); it submits nothing and its Hello cancels nothing.
+    """
     @_builtins.property
     def inflight(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.RequestSpec]: ...
     def __init__(
@@ -34,10 +46,12 @@ class Hello(_message.Message):
         *,
         gateway_id: _builtins.str = ...,
         inflight: _abc.Iterable[_common_pb2.RequestSpec] | None = ...,
+        frontend: _builtins.bool = ...,
+        router: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["gateway_id", b"gateway_id", "inflight", b"inflight"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["frontend", b"frontend", "gateway_id", b"gateway_id", "inflight", b"inflight", "router", b"router"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -30,14 +30,18 @@ class SchedulerLink:
         gateway_id: str,
         inflight: Callable[[str], list[common_pb2.RequestSpec]],
         on_output: Callable[[str, scheduler_pb2.SchedulerOutput], None],
+        role: str = "gateway",
     ) -> None:
+        """``role``: ``gateway`` (the one), ``frontend`` (one of several: its own requests
+        only) or ``router`` (state and first/last tokens: ``scheduler/streams.py``)."""
         self.instance_id, self.target, self.gateway_id = instance_id, target, gateway_id
         self._inflight, self._on_output = inflight, on_output
+        self.role = role
         self._q: asyncio.Queue[Msg | None] | None = None
         self.connected = False
         self.closing = False  # the instance left: end the stream once its queue is sent
         self.stub = scheduler_grpc.SchedulerStub(rpc.channel(target))
-        self.log = structlog.get_logger().bind(service="gateway", instance=instance_id)
+        self.log = structlog.get_logger().bind(service=role, instance=instance_id)
 
     def submit(self, spec: common_pb2.RequestSpec) -> None:
         if self._q is not None:
@@ -59,7 +63,8 @@ class SchedulerLink:
         while not self.closing:
             q: asyncio.Queue[Msg | None] = asyncio.Queue()
             hello = scheduler_pb2.Hello(
-                gateway_id=self.gateway_id, inflight=self._inflight(self.instance_id))
+                gateway_id=self.gateway_id, inflight=self._inflight(self.instance_id),
+                frontend=self.role == "frontend", router=self.role == "router")
             q.put_nowait(scheduler_pb2.SchedulerInput(hello=hello))
             self._q = q
             try:

@@ -29,7 +29,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import IO, TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any
 
 import grpc
 
@@ -46,6 +46,7 @@ from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.outputs import StopStrings, Timeline
+from sloserve.services.gateway.placement import Placement
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
     InputLimits,
@@ -148,8 +149,10 @@ def scoped_id(owner: str, request_id: str) -> str:
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
+    LINK_ROLE = "gateway"  # its scheduler streams' Hello (a frontend of several: "frontend")
+
     def __init__(
-        self, controller: Controller, statuses: dict[str, scheduler_pb2.SchedulerStatus],
+        self, controller: Placement, statuses: dict[str, scheduler_pb2.SchedulerStatus],
         addresses: dict[str, str], slo_defaults: dict[str, float | None],
         decision_log: IO[str] | None = None, virtual_clock: bool = False,
         inputs: InputLimits | None = None,
@@ -211,9 +214,17 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.inputs,
         )
 
+    def own_controller(self) -> Controller:
+        """The one gateway's own Controller: only it follows the registry (joins, leaves)
+        and adopts restored requests; a frontend of several asks the router (issue 33)."""
+        if not isinstance(self.ctl, Controller):
+            raise RuntimeError("instance joins/leaves and restored requests are the one "
+                               "gateway's (--frontends 1): a frontend's router decides")
+        return self.ctl
+
     def _connect(self, iid: str, address: str) -> None:
         self.links[iid] = SchedulerLink(
-            iid, address, self.gateway_id, self.inflight, self.on_output
+            iid, address, self.gateway_id, self.inflight, self.on_output, self.LINK_ROLE
         )
         self.watches[iid] = HealthWatch(iid, address, self.on_health)
 
@@ -244,7 +255,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.backends = {st.executor.backend for st in self.statuses.values()}
         self._connect(iid, address)
         self.start_links(iid)
-        self.ctl.on_instance_joined(iid, st.role, time.time())
+        self.own_controller().on_instance_joined(iid, st.role, time.time())
         self.log.info(
             "instance_joined",
             instance=iid,
@@ -261,7 +272,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if iid not in self.links:
             return
         now = time.time()
-        actions = self.ctl.on_instance_left(iid, now)
+        actions = self.own_controller().on_instance_left(iid, now)
         link = self.links.pop(iid)
         for a in actions:
             if isinstance(a, Dispatch):
@@ -333,6 +344,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if f is None:
                 continue
             if isinstance(action, Dispatch):
+                if action.cause in ("route", "ticket"):
+                    f.spec.origin_instance = action.instance_id
                 f.instance_id = action.instance_id
                 f.spec.dispatch_time = now
                 f.spec.num_offloads = f.req.num_offloads
@@ -378,6 +391,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
             dropped = [f.req for d in out.dropped
                        if (f := self._located(d.request_id, instance_id))]
             reasons = {d.request_id: d.reason for d in out.dropped if d.reason}
+            for r in dropped:  # the scheduler's own words travel with it (to a router too)
+                r.drop_reason = reasons.get(r.request_id, r.drop_reason)
             self._carry_out(self.ctl.on_scheduled(instance_id, offloaded, dropped, now), now,
                             reasons)
         if out.HasField("state"):
@@ -415,7 +430,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.flights[rid] = f
         self.ended.pop(rid, None)
         if not f.complete:
-            self.ctl.on_restored(rid, instance_id, time.time())
+            self.own_controller().on_restored(rid, instance_id, time.time())
         self.log.info("request_restored", request_id=rid, instance=instance_id,
                       tokens=f.restored, complete=f.complete)
 
@@ -527,10 +542,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
                    client_id=client_id, tenant=tenant)
         self.flights[spec.request_id] = f
-        action = self.ctl.admit(f.req, now)
-        if isinstance(action, Dispatch):
-            spec.origin_instance = action.instance_id
-        self._carry_out([action], now)
+        action = self.ctl.admit(f.req, now)  # None: the router's answer comes later
+        if action is not None:
+            self._carry_out([action], now)
         return f
 
     def render_chat(self, request: gateway_pb2.GenerateRequest) -> str:
@@ -773,7 +787,26 @@ def prefix_router(dep: Deployment,
     return PrefixRouter(list(statuses), capacity_units=max(1, blocks))
 
 
-async def serve(args: argparse.Namespace) -> None:
+@dataclass(slots=True)
+class Setup:
+    """What a gateway (or one frontend of several) reads before it serves: its keys,
+    certificate, schedulers and their statuses, Deployment, SLO defaults, input limits."""
+
+    keys: frozenset[str]
+    tenants: KeyLimits
+    tls: ServerTLS | None
+    addresses: dict[str, str]
+    statuses: dict[str, scheduler_pb2.SchedulerStatus]
+    dep: Deployment
+    defaults: dict[str, float | None]
+    inputs: InputLimits
+    redis: Any  # the registry's (issue 34, item 2)
+    watch: Watch
+
+
+async def setup(args: argparse.Namespace) -> Setup:
+    """Check the flags and files (bad ones fail before any connection), then ask every
+    scheduler for its Status."""
     keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
     tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
     tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
@@ -791,40 +824,57 @@ async def serve(args: argparse.Namespace) -> None:
     statuses = dict(zip(addresses, await asyncio.gather(
         *(_status(a, args.connect_timeout) for a in addresses.values()))))
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
-    controller = Controller([(i, s.role) for i, s in statuses.items()],
-                            prefix_router=prefix_router(dep, statuses))
     defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
-    log = open(args.decision_log, "a") if args.decision_log else None
     inputs = InputLimits.from_args(args)
     for name, value in defaults.items():
         if value is not None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
-    if args.http_port:  # refuse a taken HTTP port before serving anything
-        rpc.check_port_free(args.http_host or args.host, args.http_port)
-    svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
-                         inputs)
-    svc.auth_on = bool(keys)
+    return Setup(frozenset(keys), tenants, tls, addresses, statuses, dep, defaults, inputs,
+                 redis, watch)
+
+
+def public_interceptors(keys: frozenset[str]) -> list[grpc.aio.ServerInterceptor]:
+    """The public port's: the API-key check (when keys are configured), malformed input."""
+    return [*([auth.BearerAuth(keys, "API key")] if keys else []), MalformedRequests()]
+
+
+def configure(svc: GatewayService, st: Setup, args: argparse.Namespace) -> None:
+    """API keys and per-key limits, vLLM's tool parser and the re-attach grace on a built
+    service (the one gateway's or a frontend's)."""
+    svc.auth_on = bool(st.keys)
+    svc.tenants = TenantLimiter(st.tenants) if st.tenants.on else None
+    svc.reattach_grace = args.reattach_grace
     if args.tool_call_parser:  # vLLM's parser over the model's tokenizer (issue 35, item 2)
         from sloserve.services.gateway.openai_surface import VllmTools
 
-        first = next(iter(statuses.values())).executor
+        first = next(iter(st.statuses.values())).executor
         svc.tools = VllmTools(args.tool_call_parser, first.tokenizer_json)
-    svc.tenants = TenantLimiter(tenants) if tenants.on else None
-    svc.reattach_grace = args.reattach_grace
+
+
+async def serve(args: argparse.Namespace) -> None:
+    st = await setup(args)
+    keys, tls, inputs, addresses = st.keys, st.tls, st.inputs, st.addresses
+    controller = Controller([(i, s.role) for i, s in st.statuses.items()],
+                            prefix_router=prefix_router(st.dep, st.statuses))
+    log = open(args.decision_log, "a") if args.decision_log else None
+    if args.http_port:  # refuse a taken HTTP port before serving anything
+        rpc.check_port_free(args.http_host or args.host, args.http_port)
+    svc = GatewayService(controller, st.statuses, addresses, st.defaults, log,
+                         args.clock == "virtual", inputs)
+    configure(svc, st, args)
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
         lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
         max_receive_bytes=inputs.max_message_bytes, internal=False, tarpit=False,
         credentials=tls.credentials() if tls else None,
-        interceptors=[*([auth.BearerAuth(keys, "API key")] if keys else []),
-                      MalformedRequests()],
+        interceptors=public_interceptors(keys),
     )
     obs.start_metrics(args.metrics_port, args.host)
     for iid in svc.links:
         svc.start_links(iid)
-    follow = asyncio.create_task(svc.follow(watch, args.connect_timeout))
+    follow = asyncio.create_task(svc.follow(st.watch, args.connect_timeout))
     tasks = [follow]
-    beat = await announce(redis, args, "gateway", log=svc.log)
+    beat = await announce(st.redis, args, "gateway", log=svc.log)
 
     async def leave() -> None:
         """A stopping gateway moves and cancels no request: it stops following the
@@ -852,7 +902,7 @@ async def serve(args: argparse.Namespace) -> None:
                        tls=tls)))
     svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks, before_stop=leave)
-    await redis.aclose()
+    await st.redis.aclose()
 
 
 async def _first_members(watch: Watch, static: int, wanted: int,

@@ -51,6 +51,7 @@ from sloserve.services.proto import (
 )
 from sloserve.services.scheduler.clock import Clock
 from sloserve.services.scheduler.state import RequestStore
+from sloserve.services.scheduler.streams import OutQueue, Streams
 
 HOLD_S = 0.003  # gateway messages and the Redis flush wait this long after a plan leaves,
 # so they do not compete with the plan's hop to the executor for the CPU
@@ -80,6 +81,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.freed: list[str] = []  # released since the last plan (the executor forgets them)
         self.tables = TableDeltas()  # block tables the executor's stream holds (deltas)
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
+        self.streams = Streams()  # several frontends and the router (issue 33), else empty
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
         self.output_seq = 0  # messages put on gateway streams (SchedulerStatus.output_seq)
@@ -134,6 +136,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             spec.prompt_token_ids), generated=len(spec.generated_token_ids),
             max_tokens=spec.max_tokens, priority=spec.priority)
         self.specs[rid] = spec
+        self.streams.arrived = True  # the router's next state report goes out
         if persist:
             self.store.accept(spec)
         self.wake.set()
@@ -144,12 +147,13 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         copies still held or in a batch's unflushed report are dropped when they come,
         so the gateway gets each token it lacks once (``replayed``: the watermark)."""
         self.replayed[rid] = max(have, len(tokens))
-        if self.outq is None or have >= len(tokens):
+        q = self.streams.queue_of(rid) if self.streams.frontends else self.outq
+        if q is None or have >= len(tokens):
             return
         out = scheduler_pb2.SchedulerOutput(time=now)
         for k in range(have, len(tokens)):
             out.tokens.add(request_id=rid, index=k, token_id=tokens[k], time=now)
-        self._put(self.outq, out)
+        self._put(q, out)
 
     def _drop_replayed(self, out: scheduler_pb2.SchedulerOutput) -> None:
         """Remove from ``out`` the tokens below their request's replay watermark; the
@@ -167,6 +171,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             out.tokens.extend(keep)
 
     def cancel(self, request_id: str) -> None:
+        self.streams.owner.pop(request_id, None)
         if self.instance.cancel(request_id, self.clock.now()) is not None:
             self.release(request_id, "cancelled")
             self.wake.set()  # an idle loop flushes the removal
@@ -261,6 +266,10 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                                 "hello: the first message on Connect must be a Hello")
         assert first is not None
         q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] = asyncio.Queue()
+        if first.hello.frontend or first.hello.router:
+            async for part in self._connect_shared(first.hello, request_iterator, q):
+                yield part
+            return
         if self.outq is not None:
             self.outq.put_nowait(None)  # one gateway at a time: the newest wins
         self.outq = q
@@ -275,20 +284,61 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             if self.outq is q:
                 self.outq = None
 
+    async def _connect_shared(
+        self, hello: scheduler_pb2.Hello, it: AsyncIterator[scheduler_pb2.SchedulerInput],
+        q: OutQueue,
+    ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
+        """One of several frontends' streams, or the router's (``Streams``, issue 33): a
+        frontend's end cancels its requests here (its clients are gone with it)."""
+        fid = hello.gateway_id
+        if hello.router:
+            self.streams.routers.append(q)
+            self.streams.rejoined()
+        else:
+            old = self.streams.frontends.get(fid)
+            if old is not None:
+                old.put_nowait(None)  # the same frontend reconnected: the newest wins
+            self.streams.frontends[fid] = q
+            self._hello(hello)
+        self._put(q, self.output(state=True))
+        reader = asyncio.create_task(self._read(it, q, "" if hello.router else fid))
+        try:
+            while (msg := await q.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            if q in self.streams.routers:
+                self.streams.routers.remove(q)
+            if self.streams.frontends.get(fid) is q:
+                del self.streams.frontends[fid]
+                for rid in self.streams.owned_by(fid):
+                    self.cancel(rid)
+                self.log.info("frontend_gone", frontend=fid)
+
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
         """Resume what the gateway lists; offer it the restored requests it does not (first
-        on its stream, so their tokens never precede them); cancel the rest."""
-        self.replayed = {}  # watermarks are per connection
+        on its stream, so their tokens never precede them); cancel the rest. One frontend
+        of several (issue 33) cancels only its own."""
         listed = {s.request_id for s in hello.inflight}
-        self._offer_restored(listed)
-        gone = [r for r in self.specs if r not in listed and r not in self.unclaimed]
-        for rid in gone:
-            self.cancel(rid)
-        if gone:  # the gateway alone restarted: these clients' streams broke with it
-            self.log.info("unlisted_cancelled", gateway=hello.gateway_id, requests=len(gone))
+        if hello.frontend:  # one of several: only its own requests are its to cancel
+            for rid in listed:
+                self.replayed.pop(rid, None)
+            for rid in [r for r in self.streams.owned_by(hello.gateway_id) if r not in listed]:
+                self.cancel(rid)
+            for spec in hello.inflight:
+                self.streams.owner[spec.request_id] = hello.gateway_id
+        else:
+            self.replayed = {}  # watermarks are per connection
+            self._offer_restored(listed)
+            gone = [r for r in self.specs if r not in listed and r not in self.unclaimed]
+            for rid in gone:
+                self.cancel(rid)
+            if gone:  # the gateway alone restarted: these clients' streams broke with it
+                self.log.info("unlisted_cancelled", gateway=hello.gateway_id,
+                              requests=len(gone))
+            self.unclaimed.clear()  # offered: the gateway owns them now
         for spec in hello.inflight:
             self.admit(spec)
-        self.unclaimed.clear()  # offered: the gateway owns them now
         self.synced.set()
         self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
 
@@ -321,12 +371,15 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
 
     async def _read(
         self, it: AsyncIterator[scheduler_pb2.SchedulerInput],
-        q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None],
+        q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None], frontend: str = "",
     ) -> None:
+        """``frontend``: the submitting frontend's id (one of several), which owns them."""
         try:
             async for msg in it:
                 kind = msg.WhichOneof("kind")
                 if kind == "submit":
+                    if frontend:
+                        self.streams.owner[msg.submit.request_id] = frontend
                     self.admit(msg.submit, fresh=True)
                 elif kind == "cancel":
                     self.cancel(msg.cancel)
@@ -344,6 +397,11 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
     def send(self, out: scheduler_pb2.SchedulerOutput) -> None:
         if self._hold_timer is not None:  # a plan is on its way: keep the order, send later
             self._held.append(out)
+        elif self.streams.active:  # several frontends (and the router): each its own part
+            if self.replayed and out.tokens:
+                self._drop_replayed(out)
+            for q, part in self.streams.split(out):
+                self._put(q, part)
         elif self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
             if self.replayed and out.tokens:
                 self._drop_replayed(out)

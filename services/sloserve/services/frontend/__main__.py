@@ -1,0 +1,5 @@
+import sys
+
+from sloserve.services.frontend.server import main
+
+sys.exit(main())

@@ -1,0 +1,176 @@
+"""A frontend of several (``up --frontends N``, issue 33, items 1 and 5).
+
+The gateway's request path (``gateway.server.GatewayService``: validate, tokenize,
+detokenize, stop strings, auth, per-key limits, the gRPC and OpenAI HTTP APIs) with no
+routing state: its ``Placement`` is a ``RouterClient`` that asks the router once per
+request. Its own ``Connect`` stream to each scheduler (``Hello.frontend``) carries its
+requests' tokens straight to it. Every frontend listens on the same public gRPC and HTTP
+ports (SO_REUSEPORT, as vLLM's ``--api-server-count``): the kernel spreads connections
+over them, and a dead one's port stays served by the others. ``--private-port``: this
+process alone (``up``'s health checks tell the frontends apart by it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import time
+
+from fastapi import FastAPI
+
+from sloserve.controller import Action, Dispatch
+from sloserve.services import obs, rpc
+from sloserve.services.frontend.router_client import RouterClient
+from sloserve.services.gateway import server as gateway
+from sloserve.services.gateway.server import GatewayService
+from sloserve.services.memtrim import trim_when_grown
+from sloserve.services.proto import SERVICE_NAMES, gateway_grpc
+from sloserve.services.tls import ServerTLS
+
+BACKLOG = 2048
+
+
+class FrontendService(GatewayService):
+    LINK_ROLE = "frontend"
+    ctl: RouterClient
+
+    def on_router(self, actions: list[tuple[Action, int]]) -> None:
+        """The router's actions on this frontend's requests, carried out as the one
+        gateway carries out its Controller's (a re-run is cancelled where it was)."""
+        now = time.time()
+        todo = []
+        for action, num_offloads in actions:
+            f = self.flights.get(action.request_id)
+            if f is None:  # ended here before the answer came (the router was told)
+                continue
+            if isinstance(action, Dispatch):
+                if action.cause == "rerun" and f.instance_id and f.instance_id in self.links:
+                    self.links[f.instance_id].cancel(action.request_id)
+                f.req.num_offloads = num_offloads
+            self.ctl.placed(action)
+            todo.append(action)
+        self._carry_out(todo, now)
+
+
+def reuse_port_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` shared with the other frontends (SO_REUSEPORT);
+    a process holding the port without it makes this fail (``rpc.PortInUse``)."""
+    family, kind, proto, _, addr = socket.getaddrinfo(
+        host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise rpc.PortInUse(
+            f"port {port}: cannot listen on {host}:{port} "
+            f"(shared with the other frontends): {exc.strerror}"
+        ) from None
+    sock.listen(BACKLOG)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve_http(app: FastAPI, sock: socket.socket, tls: ServerTLS | None) -> None:
+    """The OpenAI API on a pre-bound shared socket (uvicorn's ``serve(sockets=...)``)."""
+    import uvicorn
+
+    from sloserve.services.gateway.openai_http import _Server
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+        ssl_certfile=tls.cert if tls else None,
+        ssl_keyfile=tls.key if tls else None,
+    )
+    await _Server(config).serve(sockets=[sock])
+
+
+async def serve(args: argparse.Namespace) -> None:
+    st = await gateway.setup(args)
+    http_sock = (
+        reuse_port_socket(args.http_host or args.host, args.http_port) if args.http_port else None
+    )
+    client: RouterClient | None = None
+    svc: FrontendService | None = None
+
+    def on_router(actions: list[tuple[Action, int]]) -> None:
+        assert svc is not None
+        svc.on_router(actions)
+
+    client = RouterClient(args.router, "", on_router)
+    svc = FrontendService(client, st.statuses, st.addresses, st.defaults, None, False, st.inputs)
+    # its id on every stream (schedulers and router: what it owns)
+    frontend_id = client.frontend_id = svc.gateway_id = f"frontend-{args.index}-{svc.gateway_id}"
+    for link in svc.links.values():
+        link.gateway_id = frontend_id
+    svc.hash_unit = (
+        next(iter(st.statuses.values())).executor.block_size if st.dep.prefix_routing else None
+    )
+    gateway.configure(svc, st, args)
+    tasks = [asyncio.create_task(client.run())]
+    try:  # serve only once the router answers (up starts it first)
+        await asyncio.wait_for(client.connected.wait(), args.connect_timeout)
+    except TimeoutError:
+        raise SystemExit(
+            f"frontend: the router at {args.router} did not answer in {args.connect_timeout:g} s"
+        ) from None
+    server, _ = await rpc.start_server(
+        args.host,
+        args.port,
+        SERVICE_NAMES["gateway"],
+        lambda s: gateway_grpc.add_GatewayServicer_to_server(svc, s),
+        max_receive_bytes=st.inputs.max_message_bytes,
+        internal=False,
+        tarpit=False,
+        credentials=st.tls.credentials() if st.tls else None,
+        interceptors=gateway.public_interceptors(st.keys),
+        reuse_port=True,
+        private_port=args.private_port,
+    )
+    obs.start_metrics(args.metrics_port, args.host)
+    tasks += [asyncio.create_task(link.run()) for link in svc.links.values()]
+    tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
+    if http_sock is not None:
+        from sloserve.services.gateway.openai_http import build_app
+
+        tasks.append(asyncio.create_task(serve_http(build_app(svc, st.keys), http_sock, st.tls)))
+    svc.log.info(
+        "serving",
+        port=args.port,
+        http_port=args.http_port,
+        frontend=frontend_id,
+        router=args.router,
+        instances=list(st.addresses),
+    )
+    await rpc.serve_until_signal(server, tasks)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = gateway.build_parser()
+    p.prog = "python -m sloserve.services.frontend"
+    p.add_argument(
+        "--router",
+        required=True,
+        metavar="HOST:PORT",
+        help="the router holding the one Controller (python -m sloserve.services.router)",
+    )
+    p.add_argument("--index", type=int, default=0, help="this frontend's number (its id, logs)")
+    p.add_argument(
+        "--private-port",
+        type=int,
+        default=0,
+        help="also listen here alone (health checks of this process; 0: none)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rpc.run_service(serve, build_parser(), argv)

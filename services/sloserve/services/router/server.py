@@ -1,0 +1,263 @@
+"""Router service: the one core ``Controller`` behind N frontends (issue 33, item 2).
+
+A frontend asks it once per request (``RouteAsk`` on its ``Control`` stream) and gets the
+Controller's action back on the same stream; it reports what a scheduler took off an
+instance (``Scheduled``: offloads, policy drops) and cancels. The router hears each
+scheduler's state reports and each request's first and last token on its own stream per
+scheduler (``Hello.router``: ``scheduler/streams.py``) and watches each scheduler's
+health; a lost instance's re-runs are pushed to the frontends that own them. So Ascendra's
+one ticket per HP (§6.1) and round-robin (§4) hold across frontends: one Controller
+decides every route, ticket, offload and drop, the same class the simulator drives.
+No token crosses this process: tokens go from a scheduler to the owning frontend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import AsyncIterator, Iterable
+from typing import IO
+
+import grpc
+
+from sloserve.controller import Action, Controller, Dispatch
+from sloserve.decisions import action_record
+from sloserve.request import Request
+from sloserve.services import deployment_flags, obs, rpc
+from sloserve.services.gateway.health_watch import HealthWatch
+from sloserve.services.gateway.links import SchedulerLink
+from sloserve.services.gateway.server import _status, parse_schedulers, prefix_router
+from sloserve.services.proto import SERVICE_NAMES, router_grpc, router_pb2, scheduler_pb2
+
+OutQueue = asyncio.Queue[router_pb2.RouterOutput | None]
+
+
+class RouterService(router_grpc.RouterServicer):
+    def __init__(
+        self, controller: Controller, addresses: dict[str, str], decision_log: IO[str] | None = None
+    ) -> None:
+        self.log = obs.setup_logging("router")
+        self.ctl, self.decision_log = controller, decision_log
+        self.frontends: dict[str, OutQueue] = {}  # frontend id -> its stream's queue
+        self.owner: dict[str, str] = {}  # request id -> the frontend that asked
+        self.requests: dict[str, Request] = {}  # what the Controller sees, while placed
+        router_id = f"router-{uuid.uuid4().hex[:8]}"
+        self.links = {
+            iid: SchedulerLink(iid, addr, router_id, lambda _: [], self.on_output, "router")
+            for iid, addr in addresses.items()
+        }
+        self.watches = {
+            iid: HealthWatch(iid, addr, self.on_health) for iid, addr in addresses.items()
+        }
+
+    # --- frontends ----------------------------------------------------------------
+    async def Control(
+        self,
+        request_iterator: AsyncIterator[router_pb2.RouterInput],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[router_pb2.RouterOutput]:
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("kind") != "hello" or not first.hello.frontend_id:
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "hello: the first message on Control must be a RouterHello with a frontend_id",
+            )
+        assert first is not None
+        fid = first.hello.frontend_id
+        q: OutQueue = asyncio.Queue()
+        if (old := self.frontends.get(fid)) is not None:
+            old.put_nowait(None)  # the same frontend reconnected: the newest stream wins
+        self.frontends[fid] = q
+        self._hello(fid, first.hello)
+        q.put_nowait(router_pb2.RouterOutput())  # connected: the frontend may serve
+        reader = asyncio.create_task(self._read(fid, request_iterator, q))
+        try:
+            while (msg := await q.get()) is not None:
+                yield msg
+        finally:
+            reader.cancel()
+            if self.frontends.get(fid) is q:
+                del self.frontends[fid]
+                self._frontend_gone(fid)
+
+    def _hello(self, fid: str, hello: router_pb2.RouterHello) -> None:
+        """A (re)connected frontend's placements: a restarted router learns them."""
+        for p in hello.inflight:
+            if p.instance_id not in self.links:
+                continue
+            if self.ctl.location.get(p.request_id) != p.instance_id:
+                self.ctl.on_placed(p.request_id, p.instance_id, p.started)
+            self.owner[p.request_id] = fid
+            self.requests.setdefault(p.request_id, Request(p.request_id, 0.0, 1, 1))
+        self.log.info("frontend_connected", frontend=fid, inflight=len(hello.inflight))
+
+    async def _read(self, fid: str, it: AsyncIterator[router_pb2.RouterInput], q: OutQueue) -> None:
+        try:
+            async for msg in it:
+                kind = msg.WhichOneof("kind")
+                if kind == "route":
+                    self.route(fid, msg.route)
+                elif kind == "scheduled":
+                    self.scheduled(msg.scheduled)
+                elif kind == "cancel":
+                    if self.owner.get(msg.cancel) == fid:
+                        self.ctl.on_cancel(msg.cancel, time.time())
+                        self._forget(msg.cancel)
+        finally:
+            q.put_nowait(None)
+
+    def _frontend_gone(self, fid: str) -> None:
+        """Its clients are gone with it (its schedulers cancel its requests too)."""
+        gone = [r for r, f in self.owner.items() if f == fid]
+        for rid in gone:
+            self.ctl.on_cancel(rid, time.time())
+            self._forget(rid)
+        self.log.info("frontend_gone", frontend=fid, requests=len(gone))
+
+    def route(self, fid: str, ask: router_pb2.RouteAsk) -> None:
+        """A new request: the Controller's admit (a ticketed HP, round-robin, prefix)."""
+        now = time.time()
+        req = Request(
+            ask.request_id,
+            ask.arrival_time,
+            max(1, ask.prompt_len),
+            max(1, ask.max_tokens),
+            priority=ask.priority,
+        )
+        if ask.hash_unit:
+            req.hash_ids, req.hash_unit = tuple(ask.hash_ids), ask.hash_unit
+        self.owner[ask.request_id] = fid
+        self.requests[ask.request_id] = req
+        self._push([self.ctl.admit(req, now)], now)
+
+    def scheduled(self, sc: router_pb2.Scheduled) -> None:
+        """What an instance's plan took off it: offloads move on (§5.3), drops end."""
+        now = time.time()
+        offloaded = [r for rid in sc.offloaded if (r := self._at(rid, sc.instance_id))]
+        dropped = []
+        for d in sc.dropped:
+            if (r := self._at(d.request_id, sc.instance_id)) is not None:
+                r.drop_reason = d.reason or None
+                dropped.append(r)
+        self._push(self.ctl.on_scheduled(sc.instance_id, offloaded, dropped, now), now)
+
+    def _at(self, rid: str, instance_id: str) -> Request | None:
+        """The request if the Controller has it on ``instance_id`` (else stale news)."""
+        return self.requests.get(rid) if self.ctl.location.get(rid) == instance_id else None
+
+    def _push(self, actions: Iterable[Action], now: float) -> None:
+        """Each action to the frontend that owns its request."""
+        out: dict[str, router_pb2.RouterOutput] = defaultdict(router_pb2.RouterOutput)
+        for a in actions:
+            if self.decision_log is not None:
+                self.decision_log.write(json.dumps({**action_record(a), "time": now}) + "\n")
+                self.decision_log.flush()
+            req = self.requests.get(a.request_id)
+            fid = self.owner.get(a.request_id, "")
+            if isinstance(a, Dispatch):
+                out[fid].actions.add(
+                    request_id=a.request_id,
+                    instance_id=a.instance_id,
+                    cause=a.cause,
+                    num_offloads=req.num_offloads if req else 0,
+                )
+            else:
+                out[fid].actions.add(request_id=a.request_id, reason=a.reason)
+                self._forget(a.request_id)
+        for fid, msg in out.items():
+            if (q := self.frontends.get(fid)) is not None:
+                q.put_nowait(msg)
+
+    def _forget(self, rid: str) -> None:
+        self.owner.pop(rid, None)
+        self.requests.pop(rid, None)
+
+    # --- schedulers -----------------------------------------------------------------
+    def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
+        """First tokens free tickets, last ones end requests; state reports feed routing."""
+        self.ctl.on_tokens(out.tokens)
+        for t in out.tokens:
+            if t.finished:
+                self._forget(t.request_id)
+        if out.HasField("state"):
+            s = out.state
+            self.ctl.on_instance_state(
+                s.instance_id,
+                s.num_waiting_prefills,
+                out.time or time.time(),
+                offers_ticket=not s.declines_ticket,
+            )
+
+    def on_health(self, instance_id: str, serving: bool) -> None:
+        """As the one gateway's (``gateway.server``): the Controller decides; re-runs go to
+        their frontends, and are cancelled on the lost instance."""
+        now = time.time()
+        if serving:
+            self.ctl.on_instance_back(instance_id, now)
+            self.log.info("instance_back", instance=instance_id, at=now)
+            return
+        actions = self.ctl.on_instance_lost(instance_id, now)
+        self.log.warning(
+            "instance_lost",
+            instance=instance_id,
+            at=now,
+            rerun=sum(isinstance(a, Dispatch) for a in actions),
+        )
+        for a in actions:
+            if isinstance(a, Dispatch):
+                self.links[instance_id].cancel(a.request_id)
+        self._push(actions, now)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    addresses = parse_schedulers(args.scheduler)
+    statuses = dict(
+        zip(
+            addresses,
+            await asyncio.gather(*(_status(a, args.connect_timeout) for a in addresses.values())),
+        )
+    )
+    dep = deployment_flags.resolve_into(args)
+    controller = Controller(
+        [(i, s.role) for i, s in statuses.items()], prefix_router=prefix_router(dep, statuses)
+    )
+    log = open(args.decision_log, "a") if args.decision_log else None
+    svc = RouterService(controller, addresses, log)
+    server, _ = await rpc.start_server(
+        args.host,
+        args.port,
+        SERVICE_NAMES["router"],
+        lambda s: router_grpc.add_RouterServicer_to_server(svc, s),
+    )
+    obs.start_metrics(args.metrics_port, args.host)
+    tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
+    tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
+    svc.log.info("serving", port=args.port, instances=list(addresses))
+    await rpc.serve_until_signal(server, tasks)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = rpc.service_parser("router", redis=False)
+    p.add_argument(
+        "--scheduler",
+        action="append",
+        required=True,
+        metavar="ID=HOST:PORT",
+        help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT",
+    )
+    deployment_flags.add_deployment_arg(p)
+    p.add_argument("--connect-timeout", type=float, default=60.0)
+    p.add_argument(
+        "--decision-log",
+        default=None,
+        help="append the controller's decisions (with the time) as JSON lines",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    return rpc.run_service(serve, build_parser(), argv)
