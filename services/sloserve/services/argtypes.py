@@ -53,3 +53,11 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         if not self._shows_default(action):
             return action.help
         return f"{action.help} (default: %(default)s)"
+
+
+def redis_url(text: str) -> str:
+    """argparse type of ``--redis-url`` (``redisconn.url_arg``), imported when a value is
+    parsed: building the CLI's parser stays free of redis-py and its TLS stack."""
+    from sloserve.services.redisconn import url_arg
+
+    return url_arg(text)

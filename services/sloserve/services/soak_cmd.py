@@ -36,7 +36,7 @@ from typing import Any
 from sloserve.deployment import Deployment
 from sloserve.request import Request
 from sloserve.services import deployment_flags
-from sloserve.services.redisconn import url_arg
+from sloserve.services.argtypes import redis_url
 
 DEADLINE_S = 120.0  # per request, beyond its own generation time
 
@@ -54,7 +54,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--sample-every", type=float, default=5.0, help="RSS sampling period, s")
     p.add_argument("--warmup", type=float, default=None,
                    help="s before the RSS baseline (default 20%% of --duration)")
-    p.add_argument("--redis-url", default=None, type=url_arg,
+    p.add_argument("--redis-url", default=None, type=redis_url,
                    help="redis://, rediss:// or redis+sentinel://HOST:PORT[,HOST:PORT...]"
                    "/MASTER_NAME/DB; default $REDIS_URL, else embedded")
     p.add_argument("--log-dir", default=None)

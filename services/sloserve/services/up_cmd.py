@@ -26,10 +26,9 @@ from sloserve.deployment import Deployment
 from sloserve.policies.flags import add_policy_flags
 from sloserve.policies.flags import config_from_args as policy_config_from_args
 from sloserve.services import admission_flags, deployment_flags
-from sloserve.services.argtypes import number
+from sloserve.services.argtypes import number, redis_url
 from sloserve.services.auth import API_KEYS_ENV, load_api_keys
 from sloserve.services.preflight import check_up
-from sloserve.services.redisconn import url_arg
 from sloserve.services.stack import Stack, StackConfig, StartFailed, start_budget
 from sloserve.services.supervisor import Policy, Supervisor
 from sloserve.services.tls import TLS_CA_ENV, ServerTLS, check_bind
@@ -80,7 +79,7 @@ def add_parser(subparsers: Any) -> None:
                         "(SmolLM2: hermes; default: none, auto is refused)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
-    p.add_argument("--redis-url", default=None, type=url_arg,
+    p.add_argument("--redis-url", default=None, type=redis_url,
                    help="redis://, rediss:// or redis+sentinel://HOST:PORT[,HOST:PORT...]"
                    "/MASTER_NAME/DB; default $REDIS_URL, else embedded")
     p.add_argument("--prefix", default="", help="Redis key prefix (default sloserve:<random>)")
