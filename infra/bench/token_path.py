@@ -39,23 +39,52 @@ VLLM_MODEL = "smollm2-135m"
 VLLM_START_S = 900.0
 
 
-def bench(target: str, endpoint: str, args: argparse.Namespace, trace: Path,
-          env: dict[str, str], extra: tuple[str, ...] = ()) -> dict[str, Any]:
+def bench(
+    target: str,
+    endpoint: str,
+    args: argparse.Namespace,
+    trace: Path,
+    env: dict[str, str],
+    extra: tuple[str, ...] = (),
+) -> dict[str, Any]:
     """One ``sloserve bench`` run's JSON result."""
     r = subprocess.run(
-        [sys.executable, "-m", "sloserve.services.cli", "bench", "--endpoint", endpoint,
-         "--target", target, "--trace-file", str(trace), "--sample", "ordered",
-         "--num-requests", str(args.num_requests), "--qps", str(args.qps), "--seed", "0",
-         "--json", "--disable-tqdm", *extra],
-        capture_output=True, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "sloserve.services.cli",
+            "bench",
+            "--endpoint",
+            endpoint,
+            "--target",
+            target,
+            "--trace-file",
+            str(trace),
+            "--sample",
+            "ordered",
+            "--num-requests",
+            str(args.num_requests),
+            "--qps",
+            str(args.qps),
+            "--seed",
+            "0",
+            "--json",
+            "--disable-tqdm",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if r.returncode != 0:
         raise RuntimeError(f"bench --endpoint {endpoint} failed: {r.stderr[-2000:]}")
     out: dict[str, Any] = json.loads(r.stdout.strip().splitlines()[-1])
     return out
 
 
-def measured(path: str, cpu: Callable[[], dict[str, float]], run: Callable[[], dict[str, Any]],
-             note: str) -> dict[str, Any]:
+def measured(
+    path: str, cpu: Callable[[], dict[str, float]], run: Callable[[], dict[str, Any]], note: str
+) -> dict[str, Any]:
     """Run ``run`` (a bench) between two reads of ``cpu`` (per-process CPU seconds)."""
     load0, before, t0 = os.getloadavg()[0], cpu(), time.time()
     res = run()
@@ -63,12 +92,20 @@ def measured(path: str, cpu: Callable[[], dict[str, float]], run: Callable[[], d
     per = {k: round(after[k] - before.get(k, 0.0), 3) for k in after}
     total = sum(per.values())
     tokens = int(res["total_output_tokens"])
-    return {"path": path, "frontend_cpu_us_per_token": round(total / max(tokens, 1) * 1e6, 1),
-            "frontend_cpu_s": round(total, 2), "processes": per,
-            "delivered_tokens": tokens, "completed": res.get("completed"),
-            "wall_s": round(wall, 1), "frontend_cpu_share_of_wall": round(total / wall, 3),
-            "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2),
-            "tpot_ms_p50": res.get("median_tpot_ms"), "note": note}
+    return {
+        "path": path,
+        "frontend_cpu_us_per_token": round(total / max(tokens, 1) * 1e6, 1),
+        "frontend_cpu_s": round(total, 2),
+        "processes": per,
+        "delivered_tokens": tokens,
+        "completed": res.get("completed"),
+        "wall_s": round(wall, 1),
+        "frontend_cpu_share_of_wall": round(total / wall, 3),
+        "load_before": round(load0, 2),
+        "load_after": round(os.getloadavg()[0], 2),
+        "tpot_ms_p50": res.get("median_tpot_ms"),
+        "note": note,
+    }
 
 
 def run_stack(args: argparse.Namespace, trace: Path, env: dict[str, str]) -> list[dict[str, Any]]:
@@ -77,10 +114,16 @@ def run_stack(args: argparse.Namespace, trace: Path, env: dict[str, str]) -> lis
     from sloserve.services.stack import Stack, StackConfig
 
     os.environ["SLOSERVE_INTERNAL_TOKEN"] = new_token()
-    cfg = StackConfig(policy=args.policy, instances=args.instances, model=args.model,
-                      gpu=args.gpu, gateway_port=args.port, http_port=args.port + 1,
-                      redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
-                      log_dir=Path(tempfile.mkdtemp(prefix="token-path-")))
+    cfg = StackConfig(
+        policy=args.policy,
+        instances=args.instances,
+        model=args.model,
+        gpu=args.gpu,
+        gateway_port=args.port,
+        http_port=args.port + 1,
+        redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+        log_dir=Path(tempfile.mkdtemp(prefix="token-path-")),
+    )
     out = []
     with Stack(cfg) as stack:
         time.sleep(3)  # past the start-up imports
@@ -89,21 +132,38 @@ def run_stack(args: argparse.Namespace, trace: Path, env: dict[str, str]) -> lis
         def cpu() -> dict[str, float]:
             return services_cpu_s(pids)
 
-        note = f"sim {args.model}/{args.gpu}, {args.instances} instances, {args.policy}"
+        note = (
+            f"sim {args.model}/{args.gpu}, {args.instances} instances, {args.policy}, "
+            f"stream interval {args.stream_interval}"
+        )
         if "grpc" in args.paths:
-            out.append(measured("grpc", cpu, lambda: bench(
-                stack.gateway, "grpc", args, trace, env), note))
+            out.append(
+                measured("grpc", cpu, lambda: bench(stack.gateway, "grpc", args, trace, env), note)
+            )
             print(json.dumps(out[-1]), flush=True)
         if "http" in args.paths:
-            out.append(measured("http", cpu, lambda: bench(
-                stack.http, "openai", args, trace, env,
-                ("--model", args.model, "--workload-model", args.model)), note))
+            out.append(
+                measured(
+                    "http",
+                    cpu,
+                    lambda: bench(
+                        stack.http,
+                        "openai",
+                        args,
+                        trace,
+                        env,
+                        ("--model", args.model, "--workload-model", args.model),
+                    ),
+                    note,
+                )
+            )
             print(json.dumps(out[-1]), flush=True)
     return out
 
 
-def run_vllm(args: argparse.Namespace, trace: Path, env: dict[str, str],
-             logs: Path) -> dict[str, Any]:
+def run_vllm(
+    args: argparse.Namespace, trace: Path, env: dict[str, str], logs: Path
+) -> dict[str, Any]:
     """Stock ``vllm serve`` on SmolLM2: its API server process's CPU over the bench."""
     import httpx
 
@@ -113,12 +173,32 @@ def run_vllm(args: argparse.Namespace, trace: Path, env: dict[str, str],
     port = args.port + 2
     log = (logs / "vllm-serve.log").open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-         "--model", str(resolve(VLLM_MODEL)), "--served-model-name", VLLM_MODEL,
-         "--dtype", "float32", "--max-model-len", "2048", "--host", "127.0.0.1",
-         "--port", str(port), "--kv-cache-memory-bytes", str(1 << 30), "--seed", "0"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(resolve(VLLM_MODEL)),
+            "--served-model-name",
+            VLLM_MODEL,
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "2048",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--kv-cache-memory-bytes",
+            str(1 << 30),
+            "--seed",
+            "0",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
+    )
     target, t0 = f"http://127.0.0.1:{port}", time.monotonic()
     try:
         while True:
@@ -133,11 +213,20 @@ def run_vllm(args: argparse.Namespace, trace: Path, env: dict[str, str],
                 pass
             time.sleep(2)
         time.sleep(3)
-        res = measured("vllm", lambda: {"vllm-api-server": cpu_s(proc.pid)}, lambda: bench(
-            target, "openai", args, trace, env,
-            ("--model", VLLM_MODEL, "--workload-model", VLLM_MODEL)),
+        res = measured(
+            "vllm",
+            lambda: {"vllm-api-server": cpu_s(proc.pid)},
+            lambda: bench(
+                target,
+                "openai",
+                args,
+                trace,
+                env,
+                ("--model", VLLM_MODEL, "--workload-model", VLLM_MODEL),
+            ),
             "stock vllm serve, SmolLM2-135M CPU: the API-server process only "
-            "(its engine core runs in a child process, not counted)")
+            "(its engine core runs in a child process, not counted)",
+        )
         print(json.dumps(res), flush=True)
         return res
     finally:
@@ -152,18 +241,24 @@ def run_vllm(args: argparse.Namespace, trace: Path, env: dict[str, str],
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--paths", nargs="+", choices=("grpc", "http", "vllm"),
-                   default=["grpc", "http", "vllm"])
+    p.add_argument(
+        "--paths", nargs="+", choices=("grpc", "http", "vllm"), default=["grpc", "http", "vllm"]
+    )
     p.add_argument("--policy", default="sarathi")
     p.add_argument("--instances", type=int, default=4)
     p.add_argument("--model", default="llama-2-7b", help="the sim stack's model timing")
     p.add_argument("--gpu", default="h100", help="the sim stack's hardware timing")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the sim stack's gateway --stream-interval (vLLM's stream_interval)",
+    )
     p.add_argument("--qps", type=float, default=4.0)
     p.add_argument("--num-requests", type=int, default=300)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=256)
-    p.add_argument("--port", type=int, default=23100,
-                   help="gRPC port; HTTP is +1, vllm serve +2")
+    p.add_argument("--port", type=int, default=23100, help="gRPC port; HTTP is +1, vllm serve +2")
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=f"{ROOT / 'shared'}:{ROOT / 'services'}")
     with tempfile.TemporaryDirectory(prefix="token-path-") as tmp:
@@ -178,8 +273,13 @@ def main() -> None:
             rows.append(run_vllm(args, trace, env, Path(tempfile.mkdtemp(prefix="token-path-"))))
     fig = {r["path"]: r["frontend_cpu_us_per_token"] for r in rows}
     if "vllm" in fig:
-        fig.update({f"vllm_over_{k}": round(fig["vllm"] / v, 2)
-                    for k, v in list(fig.items()) if k != "vllm" and v > 0})
+        fig.update(
+            {
+                f"vllm_over_{k}": round(fig["vllm"] / v, 2)
+                for k, v in list(fig.items())
+                if k != "vllm" and v > 0
+            }
+        )
     print(json.dumps({"summary_cpu_us_per_token": fig, "args": vars(args)}), flush=True)
 
 

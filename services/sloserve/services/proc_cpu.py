@@ -35,15 +35,16 @@ def cpu_s(pid: int) -> float:
 def descendants(pid: int) -> list[int]:
     """``pid`` and every live process below it (children by ``/proc/<p>/stat``'s ppid)."""
     children: dict[int, list[int]] = {}
-    for p in filter(str.isdigit, os.listdir("/proc")):
-        st = _stat(int(p))
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        st = _stat(int(name))
         if st is not None:
-            children.setdefault(int(st[1]), []).append(int(p))
-    out, todo = [], [pid]
+            children.setdefault(int(st[1]), []).append(int(name))
+    out: list[int] = []
+    todo = [pid]
     while todo:
         p = todo.pop()
         out.append(p)
-        todo.extend(children.get(p, ()))
+        todo.extend(children.get(p, []))
     return out
 
 
@@ -57,8 +58,9 @@ def services_cpu_s(pids: Mapping[str, int], tree: bool = True) -> dict[str, floa
     return {name: tree_cpu_s(pid) if tree else cpu_s(pid) for name, pid in pids.items()}
 
 
-def delta(before: Mapping[str, float], after: Mapping[str, float],
-          names: Iterable[str] | None = None) -> dict[str, float]:
+def delta(
+    before: Mapping[str, float], after: Mapping[str, float], names: Iterable[str] | None = None
+) -> dict[str, float]:
     """``after - before`` per name (of ``names``, default all of ``after``)."""
     return {k: after[k] - before.get(k, 0.0) for k in (after if names is None else names)}
 
@@ -66,8 +68,11 @@ def delta(before: Mapping[str, float], after: Mapping[str, float],
 def stack_pids(stack: Stack) -> dict[str, int]:
     """Each running service of ``stack`` (``gateway``, ``scheduler-<id>``, ``executor-<id>``,
     ``perfmodel``, ...) by the pid this stack started it as."""
-    return {name: s.proc.pid for name, s in stack.services.items()
-            if s.proc is not None and s.proc.poll() is None}
+    return {
+        name: s.proc.pid
+        for name, s in stack.services.items()
+        if s.proc is not None and s.proc.poll() is None
+    }
 
 
 def is_frontend(name: str) -> bool:

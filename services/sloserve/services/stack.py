@@ -118,6 +118,7 @@ class StackConfig(Deployment):
     api_key_file: str | None = None  # the gateway's keys (also $SLOSERVE_API_KEYS)
     key_limits: KeyLimits = KeyLimits()  # the gateway's per-key limits (issue 36, item 7)
     http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
+    stream_interval: int = 1  # the gateway's --stream-interval (vLLM's stream_interval)
     metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
     # transport security (issue 34, ``tls.py``): the gateway's public certificate and key,
@@ -289,6 +290,8 @@ class Stack:
             gw += ["--api-key-file", c.api_key_file]
         if c.http_port:
             gw += ["--http-port", str(c.http_port)]
+        if c.stream_interval != 1:
+            gw += ["--stream-interval", str(c.stream_interval)]
         kl = c.key_limits
         if kl.on:
             gw += ["--max-inflight-per-key", str(kl.max_inflight), "--key-token-rate",

@@ -44,6 +44,7 @@ UP_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "num_blocks"
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+AT_LEAST_1 = number(int, 1, strict=False)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -71,6 +72,9 @@ def add_parser(subparsers: Any) -> None:
                    help="serve plaintext on a non-loopback --host (refused otherwise)")
     p.add_argument("--http-port", type=int, default=8000,
                    help="the gateway's OpenAI-compatible HTTP API (0: off)")
+    p.add_argument("--stream-interval", type=AT_LEAST_1, default=1, metavar="N",
+                   help="vLLM's stream_interval: after its first token, a stream's tokens leave "
+                        "every N tokens (and at its end) in one message; each keeps its time")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, type=url_arg,
@@ -121,6 +125,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         tls_cert=args.tls_cert, tls_key=args.tls_key, tls_ca=args.tls_ca,
         tls_internal_dir=args.tls_internal_dir,
         http_port=args.http_port, metrics=True, log_level=args.log_level,
+        stream_interval=args.stream_interval,
     )
     cfg.validate()
     return cfg

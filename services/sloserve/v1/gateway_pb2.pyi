@@ -33,6 +33,7 @@ class GenerateRequest(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     SAMPLING_FIELD_NUMBER: _builtins.int
     MESSAGES_FIELD_NUMBER: _builtins.int
+    MULTI_TOKEN_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     """text; or give prompt_token_ids instead"""
     max_tokens: _builtins.int
@@ -44,6 +45,12 @@ class GenerateRequest(_message.Message):
     """higher = more urgent"""
     request_id: _builtins.str
     """optional; the gateway assigns one when empty"""
+    multi_token: _builtins.bool
+    """The caller takes several tokens per chunk (GenerateChunk.token_ids and the other
+    repeated fields; the SDK sets it and still yields one Chunk per token): the gateway
+    sends the tokens ready at once, and at most every --stream-interval tokens, in one
+    message (vLLM's stream_interval; issue 33, item 3). Unset: one chunk per token.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -69,10 +76,11 @@ class GenerateRequest(_message.Message):
         request_id: _builtins.str = ...,
         sampling: _common_pb2.Sampling | None = ...,
         messages: _abc.Iterable[_common_pb2.ChatMessage] | None = ...,
+        multi_token: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "multi_token", b"multi_token", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__jct_slo: _TypeAlias = _typing.Literal["jct_slo"]  # noqa: Y015
     _WhichOneofArgType__jct_slo: _TypeAlias = _typing.Literal["_jct_slo", b"_jct_slo"]  # noqa: Y015
@@ -103,6 +111,10 @@ class GenerateChunk(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     NUM_OFFLOADS_FIELD_NUMBER: _builtins.int
     PRODUCED_TIME_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    TIMES_FIELD_NUMBER: _builtins.int
+    PRODUCED_TIMES_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """0 = first output token"""
@@ -110,7 +122,7 @@ class GenerateChunk(_message.Message):
     text: _builtins.str
     """decoded text this token completes (may be empty mid-character)"""
     time: _builtins.float
-    """when the gateway emitted the token"""
+    """when the gateway received the token from its instance (and sent it on)"""
     arrival_time: _builtins.float
     """when the gateway received the request"""
     finish_reason: _builtins.str
@@ -119,6 +131,18 @@ class GenerateChunk(_message.Message):
     num_offloads: _builtins.int
     produced_time: _builtins.float
     """when the instance's iteration produced the token"""
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GenerateRequest.multi_token: the chunk's tokens, index onwards, one entry each (the
+        single-token fields token_id, text, time and produced_time are then unset)
+        """
+
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def times(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def produced_times(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
     def __init__(
         self,
         *,
@@ -132,10 +156,14 @@ class GenerateChunk(_message.Message):
         instance_id: _builtins.str = ...,
         num_offloads: _builtins.int = ...,
         produced_time: _builtins.float = ...,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        times: _abc.Iterable[_builtins.float] | None = ...,
+        produced_times: _abc.Iterable[_builtins.float] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "request_id", b"request_id", "text", b"text", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "produced_times", b"produced_times", "request_id", b"request_id", "text", b"text", "texts", b"texts", "time", b"time", "times", b"times", "token_id", b"token_id", "token_ids", b"token_ids"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

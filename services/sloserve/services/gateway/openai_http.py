@@ -17,6 +17,11 @@ without them gets the gateway's defaults, scored but never a reason to shed it.
 A streamed request waits for its first token before answering, so a request dropped
 before it gets a 429 status, not a broken stream; a drop after it ends the stream with
 an error event, then ``[DONE]``.
+
+Tokens ready at once leave in one SSE event (and at most every ``--stream-interval``
+tokens: vLLM's ``stream_interval``), its ``text`` their texts joined; with
+``return_token_ids`` (vLLM >= 0.10) each choice lists the event's ``token_ids``. Each
+event's JSON is serialized once, by orjson (issue 33, item 3).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from contextlib import aclosing
 from typing import Any
 
 import grpc
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -39,7 +45,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sloserve.admission import RETRY_AFTER_S
 from sloserve.services import auth
-from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
+from sloserve.services.gateway.server import Delta, Flight, GatewayError, GatewayService
 from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
 from sloserve.services.tls import ServerTLS
@@ -355,8 +361,10 @@ class Shapes:
         return {**self._base(self.object), "choices": [choice], "usage": usage}
 
     def chunk(self, text: str | None, finish: str | None, with_usage: bool,
-              role: bool = False) -> dict[str, Any]:
+              role: bool = False, token_ids: list[int] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -376,7 +384,12 @@ class Shapes:
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+    """One SSE event (compact JSON: orjson; the standard library for what orjson refuses,
+    e.g. a lone surrogate in an echoed field)."""
+    try:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    except TypeError:
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
 async def capped_body(request: Request, limit: int) -> bytes:
@@ -477,6 +490,7 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
         stream = body.get("stream") is True
         opts = body.get("stream_options") or {}
         usage_too = stream and isinstance(opts, dict) and opts.get("include_usage") is True
+        with_ids = body.get("return_token_ids") is True
         shapes = Shapes(chat, f.client_id, svc.model)
         headers = {"x-request-id": f.client_id}
         chunks = svc.tokens(f)  # from here on, closing ``chunks`` releases the request
@@ -490,19 +504,19 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             except StopAsyncIteration:  # cannot happen: the last chunk carries finish_reason
                 return error_response(BadRequest("no output", grpc.StatusCode.INTERNAL))
             if not stream:
-                texts, n, finish = [first.text], 1, first.finish_reason
+                texts, n, finish = list(first.texts), len(first.texts), first.finish_reason
                 try:
                     async with aclosing(chunks):
                         async for c in chunks:
-                            texts.append(c.text)
-                            n, finish = n + 1, c.finish_reason
+                            texts += c.texts
+                            n, finish = n + len(c.texts), c.finish_reason
                 except GatewayError as exc:
                     return error_response(exc)
                 return JSONResponse(shapes.full("".join(texts), finish or None, _usage(f, n)),
                                     headers=headers)
             # from its first byte on, Starlette's StreamingResponse ends the stream (and
             # closes ``chunks``) when the client goes
-            return StreamingResponse(_events(shapes, f, first, chunks, usage_too),
+            return StreamingResponse(_events(shapes, f, first, chunks, usage_too, with_ids),
                                      media_type="text/event-stream", headers=headers)
 
         # until the answer's first byte (all of it when not streamed), a client that goes
@@ -545,20 +559,24 @@ async def client_gone(request: Request) -> None:
         await asyncio.Future()
 
 
-async def _events(shapes: Shapes, f: Flight, first: gateway_pb2.GenerateChunk,
-                  chunks: AsyncGenerator[gateway_pb2.GenerateChunk, None],
-                  usage_too: bool) -> AsyncIterator[bytes]:
+async def _events(shapes: Shapes, f: Flight, first: Delta,
+                  chunks: AsyncGenerator[Delta, None], usage_too: bool,
+                  with_ids: bool = False) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed answer: one per :class:`Delta` (the tokens that left
+    together) that has text, an end, or (``with_ids``) token ids."""
     n = 0
     async with aclosing(chunks):
         if shapes.chat:
             yield _sse(shapes.chunk("", None, usage_too, role=True))
         try:
-            c: gateway_pb2.GenerateChunk | None = first
+            c: Delta | None = first
             while c is not None:
-                n += 1
+                n += len(c.token_ids)
                 finish = c.finish_reason or None
-                if c.text or finish:
-                    yield _sse(shapes.chunk(c.text, finish, usage_too))
+                text = "".join(c.texts)
+                if text or finish or with_ids:
+                    yield _sse(shapes.chunk(text, finish, usage_too,
+                                            token_ids=c.token_ids if with_ids else None))
                 c = None if finish else await anext(chunks, None)
         except GatewayError as exc:
             yield _sse(error_body(exc))

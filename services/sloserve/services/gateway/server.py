@@ -38,6 +38,7 @@ from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.outputs import StopStrings, Timeline
+from sloserve.services.gateway.stream import Ended, TokenStream
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
     InputLimits,
@@ -60,7 +61,6 @@ from sloserve.services.proto import (
 from sloserve.services.tls import ServerTLS
 from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
-Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
 # gRPC's retry pushback (gRFC A6): on a shed or limited answer, when the client may retry
 PUSHBACK_METADATA = "grpc-retry-pushback-ms"
@@ -92,7 +92,7 @@ class GatewayError(Exception):
 class Flight:
     spec: common_pb2.RequestSpec  # generated_token_ids grows as tokens arrive
     req: Request  # what the controller sees
-    events: asyncio.Queue[Event]
+    events: TokenStream  # its tokens as they arrive, until its client takes them
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
     tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
@@ -105,6 +105,22 @@ def scoped_id(owner: str, request_id: str) -> str:
     neither can see the other's. ``owner`` is a fixed-length key id (or "" with auth off:
     one namespace), so the scoped id is unambiguous."""
     return f"{owner}:{request_id}" if owner else request_id
+
+
+@dataclass(slots=True)
+class Delta:
+    """Tokens of one request that leave together (one message to the client): each with
+    its id, text, the time the gateway received it and the time its instance produced it
+    (``stream.TokenStream``: what was ready at once, at most every stream interval)."""
+
+    index: int  # the first token's (0 = first output token)
+    token_ids: list[int]
+    texts: list[str]
+    times: list[float]
+    produced_times: list[float]
+    finish_reason: str  # "" while streaming; set on the one with the request's last token
+    instance_id: str
+    num_offloads: int
 
 
 class GatewayService(gateway_grpc.GatewayServicer):
@@ -129,6 +145,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.tokenizer.vocab_size, inputs or InputLimits(),
         )
         self.flights: dict[str, Flight] = {}
+        self.stream_interval = 1  # vLLM's stream_interval: tokens per message at most every
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
         self.prefix_cache: dict[str, tuple[int, int]] = {iid: (0, 0) for iid in statuses}
@@ -179,7 +196,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                                   dst=action.instance_id)
             else:
                 why = (reasons or {}).get(action.request_id)
-                f.events.put_nowait(Drop(action.request_id, why) if why else action)
+                f.events.close(Drop(action.request_id, why) if why else action)
 
     def _located(self, request_id: str, instance_id: str) -> Flight | None:
         """The flight, if ``instance_id`` is where the controller put it (else stale news)."""
@@ -192,14 +209,15 @@ class GatewayService(gateway_grpc.GatewayServicer):
                 if r in self.flights]
 
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
-        now = out.time or time.time()
+        got = time.time()  # every token of this message reached the gateway now
+        now = out.time or got
         fresh = []
         for ev in out.tokens:
             f = self._located(ev.request_id, instance_id)
             if f is None or ev.index != len(f.spec.generated_token_ids):
                 continue  # stale, or a duplicate replayed after a scheduler restart
             f.spec.generated_token_ids.append(ev.token_id)
-            f.events.put_nowait(ev)
+            f.events.push(ev, got)
             fresh.append(ev)
         self.ctl.on_tokens(fresh)
         if out.offloaded or out.dropped:
@@ -272,7 +290,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                                    f"request {client_id}: {refused.reason}",
                                    refused.retry_after_s)
             tenant = owner
-        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
+        f = Flight(spec, request_of(spec, self.hash_unit), TokenStream(self.stream_interval),
+                   owner=owner,
                    client_id=client_id, tenant=tenant)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)
@@ -281,8 +300,9 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self._carry_out([action], now)
         return f
 
-    async def tokens(self, f: Flight) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
-        """``f``'s chunks as its tokens arrive; a drop or cancel raises :class:`GatewayError`.
+    async def tokens(self, f: Flight) -> AsyncGenerator[Delta, None]:
+        """``f``'s tokens as they arrive, several to a :class:`Delta` when several are ready
+        at once (``stream.TokenStream``); a drop or cancel raises :class:`GatewayError`.
         Closing the iterator early cancels the request everywhere."""
         spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
@@ -292,28 +312,32 @@ class GatewayService(gateway_grpc.GatewayServicer):
         reason, sched_done, why = "abort", False, ""
         try:
             while True:
-                ev = await f.events.get()
-                if ev is None:
-                    reason = "cancelled"
-                    raise GatewayError(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
-                if isinstance(ev, Drop):
-                    reason, sched_done, why = "dropped", True, ev.reason
-                    metrics.DROPS.labels(self.model, metrics.drop_label(ev.reason)).inc()
+                try:
+                    events, times = await f.events.take()
+                except Ended as end:
+                    if end.why is None:
+                        reason = "cancelled"
+                        raise GatewayError(grpc.StatusCode.CANCELLED,
+                                           f"request {rid}: cancelled") from None
+                    reason, sched_done, why = "dropped", True, end.why.reason
+                    metrics.DROPS.labels(self.model, metrics.drop_label(why)).inc()
                     raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                       f"request {rid}: {ev.reason}")
-                sched_done = ev.finished
-                text, hit = stops.push(detok.push(ev.token_id), ev.finished)
-                last = ev.finished or hit
-                if last:
-                    reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
-                t = time.time()
-                timeline.token(t, f.instance_id, ev)
-                yield gateway_pb2.GenerateChunk(
-                    request_id=rid, index=ev.index, token_id=ev.token_id, text=text, time=t,
-                    arrival_time=spec.arrival_time, finish_reason=reason if last else "",
-                    instance_id=f.instance_id, num_offloads=spec.num_offloads,
-                    produced_time=ev.time,
-                )
+                                       f"request {rid}: {why}") from None
+                ids, texts, produced, last = [], [], [], False
+                for ev in events:
+                    sched_done = ev.finished
+                    text, hit = stops.push(detok.push(ev.token_id), ev.finished)
+                    ids.append(ev.token_id)
+                    texts.append(text)
+                    produced.append(ev.time)
+                    if ev.finished or hit:
+                        reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
+                        last = True
+                        break
+                del times[len(ids):]
+                timeline.tokens(times, f.instance_id, events[0])
+                yield Delta(events[0].index, ids, texts, times, produced,
+                            reason if last else "", f.instance_id, spec.num_offloads)
                 if last:
                     return
         finally:
@@ -354,9 +378,18 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.release(f, cancel=True)
             raise
         try:
-            async with aclosing(self.tokens(f)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            async with aclosing(self.tokens(f)) as deltas:
+                if request.multi_token:
+                    async for d in deltas:
+                        yield gateway_pb2.GenerateChunk(
+                            request_id=f.client_id, index=d.index, token_ids=d.token_ids,
+                            texts=d.texts, times=d.times, produced_times=d.produced_times,
+                            arrival_time=f.spec.arrival_time, finish_reason=d.finish_reason,
+                            instance_id=d.instance_id, num_offloads=d.num_offloads)
+                else:
+                    async for d in deltas:
+                        for chunk in _single_chunks(f, d):
+                            yield chunk
         except GatewayError as exc:
             await _abort(context, exc)
 
@@ -398,7 +431,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if f is not None and f.owner != owner:
             f = None  # another key's request: as if unknown (no oracle of others' ids)
         if f is not None:
-            f.events.put_nowait(None)
+            f.events.close(None)
         return gateway_pb2.CancelResponse(found=f is not None)
 
     async def Info(
@@ -425,6 +458,16 @@ class GatewayService(gateway_grpc.GatewayServicer):
 async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
     """End the call with ``exc``; a shed or limited one says when to retry (its trailers)."""
     await context.abort(exc.code, exc.message, exc.trailers())
+
+
+def _single_chunks(f: Flight, d: Delta) -> list[gateway_pb2.GenerateChunk]:
+    """``d`` as one chunk per token (a caller without ``GenerateRequest.multi_token``)."""
+    n = len(d.token_ids)
+    return [gateway_pb2.GenerateChunk(
+        request_id=f.client_id, index=d.index + i, token_id=d.token_ids[i], text=d.texts[i],
+        time=d.times[i], arrival_time=f.spec.arrival_time,
+        finish_reason=d.finish_reason if i == n - 1 else "", instance_id=d.instance_id,
+        num_offloads=d.num_offloads, produced_time=d.produced_times[i]) for i in range(n)]
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
@@ -493,6 +536,7 @@ async def serve(args: argparse.Namespace) -> None:
     svc = GatewayService(controller, statuses, addresses, defaults, log, args.clock == "virtual",
                          inputs)
     svc.auth_on = bool(keys)
+    svc.stream_interval = args.stream_interval
     svc.tenants = TenantLimiter(tenants) if tenants.on else None
     server, _ = await rpc.start_server(
         args.host, args.port, SERVICE_NAMES["gateway"],
@@ -523,6 +567,7 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+AT_LEAST_1 = number(int, 1, strict=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -547,6 +592,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--key-token-burst", type=AT_LEAST_0F,
                    default=0.0, metavar="TOKENS",
                    help=f"the bucket's depth (0: {DEFAULT_BURST_S:g} s of the rate)")
+    p.add_argument("--stream-interval", type=AT_LEAST_1, default=1, metavar="N",
+                   help="vLLM's stream_interval: after the first token, a stream's tokens "
+                        "leave every N tokens (and at its end) in one message (SSE event, or "
+                        "gRPC chunk for a multi_token caller such as the SDK); each token "
+                        "keeps its own time. 1: every token as it arrives (tokens ready at "
+                        "once still share a message)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")
