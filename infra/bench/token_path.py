@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 VLLM_MODEL = "smollm2-135m"
 VLLM_START_S = 900.0
+STACK_START_S = 600.0
 
 
 def bench(
@@ -121,11 +122,14 @@ def run_stack(args: argparse.Namespace, trace: Path, env: dict[str, str]) -> lis
         gpu=args.gpu,
         gateway_port=args.port,
         http_port=args.port + 1,
+        stream_interval=args.stream_interval,
         redis_url=os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
         log_dir=Path(tempfile.mkdtemp(prefix="token-path-")),
     )
     out = []
-    with Stack(cfg) as stack:
+    stack = Stack(cfg)
+    stack.start(timeout=STACK_START_S)  # a busy shared machine starts slowly
+    try:
         time.sleep(3)  # past the start-up imports
         pids = {k: v for k, v in stack_pids(stack).items() if is_frontend(k)}
 
@@ -158,6 +162,8 @@ def run_stack(args: argparse.Namespace, trace: Path, env: dict[str, str]) -> lis
                 )
             )
             print(json.dumps(out[-1]), flush=True)
+    finally:
+        stack.stop()
     return out
 
 
