@@ -2,8 +2,10 @@
 
 Starts a stack (``Stack``, real Redis from ``$REDIS_URL``), reads every service's
 utime + stime from ``/proc`` before and after one ``sloserve bench`` against it, and
-prints one JSON line: per service (``gateway``, ``scheduler<id>``, ``executor<k>``,
+prints one JSON line: per service (``gateway``, ``scheduler-<id>``, ``executor-<id>``,
 ``perfmodel``) and the bench client, with the run's wall time and latency figures.
+Services are this stack's own processes, by the pids it started (``proc_cpu``), not by
+name: other stacks on the machine run the same services.
 
     PYTHONPATH=shared:services python infra/bench/stack_cpu.py --policy ascendra \\
         --instances 3 --hp-instances 1 --qps 8.55 --num-requests 300
@@ -23,28 +25,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cpu_by_service() -> dict[str, float]:
-    """utime + stime (s) of every ``sloserve.services.*`` process, keyed by service and
-    its instance id (schedulers) or index (executors)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        name = next((c for c in cmd if c.startswith("sloserve.services.")), None)
-        if name is None:
-            continue
-        tag = next((cmd[i + 1] for i, c in enumerate(cmd[:-1])
-                    if c in ("--instance-id", "--instance")), "")
-        out[name.rsplit(".", 1)[-1] + tag] = (int(stat[11]) + int(stat[12])) / tick
-    return out
-
-
 def main() -> None:
     from sloserve.services.auth import new_token
+    from sloserve.services.proc_cpu import services_cpu_s, stack_pids
     from sloserve.services.stack import Stack, StackConfig
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -65,13 +48,14 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with Stack(cfg) as stack:
         time.sleep(3)  # past the start-up imports
-        before, t0, c0 = cpu_by_service(), time.time(), os.times()
+        pids = stack_pids(stack)  # this stack's own processes (others run on the machine)
+        before, t0, c0 = services_cpu_s(pids), time.time(), os.times()
         r = subprocess.run(
             [sys.executable, "-m", "sloserve.services.cli", "bench", "--target", stack.gateway,
              "--trace", "sharegpt", "--num-requests", str(args.num_requests),
              "--qps", str(args.qps), "--seed", str(args.seed), "--json", "--disable-tqdm"],
             capture_output=True, text=True, env=env, check=True)
-        wall, c1, after = time.time() - t0, os.times(), cpu_by_service()
+        wall, c1, after = time.time() - t0, os.times(), services_cpu_s(pids)
     bench = json.loads(r.stdout.strip().splitlines()[-1])
     cpu = {k: round(after[k] - before.get(k, 0.0), 2) for k in sorted(after)}
     cpu["bench"] = round(c1.children_user + c1.children_system

@@ -27,13 +27,6 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 
-def cpu_s(pid: int) -> float:
-    """utime + stime (s) of process ``pid`` (ours: other stacks on the machine run
-    gateways too, so not by name as ``stack_cpu.cpu_by_service``)."""
-    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def make_pki(d: Path) -> None:
     """``public/`` (CA + gateway) and ``internal/`` (CA + one cert per service kind)."""
     import trustme
@@ -50,6 +43,7 @@ def make_pki(d: Path) -> None:
 
 
 def run_mode(mode: str, args: argparse.Namespace, pki: Path, trace: Path) -> dict[str, object]:
+    from sloserve.services.proc_cpu import cpu_s
     from sloserve.services.stack import Stack, StackConfig
 
     tls = mode != "plain"

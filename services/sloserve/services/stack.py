@@ -119,6 +119,7 @@ class StackConfig(Deployment):
     key_limits: KeyLimits = KeyLimits()  # the gateway's per-key limits (issue 36, item 7)
     http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
     tool_call_parser: str = ""  # the gateway's vLLM tool parser (tool_choice auto)
+    stream_interval: int = 1  # the gateway's --stream-interval (vLLM's stream_interval)
     metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
     # transport security (issue 34, ``tls.py``): the gateway's public certificate and key,
@@ -302,6 +303,8 @@ class Stack:
             gw += ["--http-port", str(c.http_port)]
         if c.tool_call_parser:
             gw += ["--tool-call-parser", c.tool_call_parser]
+        if c.stream_interval != 1:
+            gw += ["--stream-interval", str(c.stream_interval)]
         kl = c.key_limits
         if kl.on:
             gw += ["--max-inflight-per-key", str(kl.max_inflight), "--key-token-rate",

@@ -43,6 +43,7 @@ UP_FIELDS = ("policy", "instances", "hp_instances", "model", "gpu", "num_blocks"
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+AT_LEAST_1 = number(int, 1, strict=False)
 
 
 def add_parser(subparsers: Any) -> None:
@@ -77,6 +78,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tool-call-parser", default="", metavar="NAME",
                    help="vLLM's tool parser for tool_choice auto, as vllm serve's flag "
                         "(SmolLM2: hermes; default: none, auto is refused)")
+    p.add_argument("--stream-interval", type=AT_LEAST_1, default=1, metavar="N",
+                   help="vLLM's stream_interval: after its first token, a stream's tokens leave "
+                        "every N tokens (and at its end) in one message; each keeps its time")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, type=redis_url,
@@ -129,6 +133,7 @@ def config_from_args(args: argparse.Namespace) -> StackConfig:
         http_port=args.http_port, metrics=True, log_level=args.log_level,
         tool_call_parser=args.tool_call_parser,
         frontends=args.frontends,
+        stream_interval=args.stream_interval,
     )
     cfg.validate()
     return cfg

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from sloserve.v1 import common_pb2 as sloserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sloserve/v1/gateway.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\xa4\x03\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\x08ttft_slo\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07tbt_slo\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07jct_slo\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\'\n\x08sampling\x18\t \x01(\x0b\x32\x15.sloserve.v1.Sampling\x12*\n\x08messages\x18\n \x03(\x0b\x32\x18.sloserve.v1.ChatMessage\x12\x12\n\ntools_json\x18\x0b \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x0c \x01(\x08H\x03\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\r \x01(\x08\x42\x0b\n\t_ttft_sloB\n\n\x08_tbt_sloB\n\n\x08_jct_sloB\x18\n\x16_add_generation_prompt\"\xfd\x01\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x10\n\x08token_id\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x14\n\x0c\x61rrival_time\x18\x06 \x01(\x01\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x13\n\x0binstance_id\x18\x08 \x01(\t\x12\x14\n\x0cnum_offloads\x18\t \x01(\x05\x12\x15\n\rproduced_time\x18\n \x01(\x01\x12,\n\x08logprobs\x18\x0b \x01(\x0b\x32\x1a.sloserve.v1.TokenLogprobs\"8\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\r\n\x0bInfoRequest\"\x9d\x02\n\x0cInstanceInfo\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08hardware\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x1a\n\x12kv_capacity_blocks\x18\x08 \x01(\x05\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x11\n\tconnected\x18\n \x01(\x08\x12\x18\n\x10ignored_sampling\x18\x0b \x03(\t\x12\x14\n\x0cnoise_stream\x18\x0c \x01(\t\x12\x10\n\x08noise_cv\x18\r \x01(\x01\x12\x12\n\noutput_seq\x18\x0e \x01(\x04\"\x87\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08policies\x18\x02 \x03(\t\x12,\n\tinstances\x18\x03 \x03(\x0b\x32\x19.sloserve.v1.InstanceInfo\x12\x11\n\ttokenizer\x18\x04 \x01(\t\x12\x15\n\rchat_template\x18\x05 \x01(\t2\x95\x02\n\x07Gateway\x12\x46\n\x08Generate\x12\x1c.sloserve.v1.GenerateRequest\x1a\x1a.sloserve.v1.GenerateChunk0\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.sloserve.v1.CancelRequest\x1a\x1b.sloserve.v1.CancelResponse\x12;\n\x04Info\x12\x18.sloserve.v1.InfoRequest\x1a\x19.sloserve.v1.InfoResponse\x12\x42\n\x06\x41ttach\x12\x1a.sloserve.v1.AttachRequest\x1a\x1a.sloserve.v1.GenerateChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19sloserve/v1/gateway.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\"\xb9\x03\n\x0fGenerateRequest\x12\x0e\n\x06prompt\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x12\n\nmax_tokens\x18\x03 \x01(\x05\x12\x15\n\x08ttft_slo\x18\x04 \x01(\x01H\x00\x88\x01\x01\x12\x14\n\x07tbt_slo\x18\x05 \x01(\x01H\x01\x88\x01\x01\x12\x14\n\x07jct_slo\x18\x06 \x01(\x01H\x02\x88\x01\x01\x12\x10\n\x08priority\x18\x07 \x01(\x05\x12\x12\n\nrequest_id\x18\x08 \x01(\t\x12\'\n\x08sampling\x18\t \x01(\x0b\x32\x15.sloserve.v1.Sampling\x12*\n\x08messages\x18\n \x03(\x0b\x32\x18.sloserve.v1.ChatMessage\x12\x12\n\ntools_json\x18\x0b \x01(\t\x12\"\n\x15\x61\x64\x64_generation_prompt\x18\x0c \x01(\x08H\x03\x88\x01\x01\x12\x1e\n\x16\x63ontinue_final_message\x18\r \x01(\x08\x12\x13\n\x0bmulti_token\x18\x0e \x01(\x08\x42\x0b\n\t_ttft_sloB\n\n\x08_tbt_sloB\n\n\x08_jct_sloB\x18\n\x16_add_generation_prompt\"\xfa\x02\n\rGenerateChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\r\n\x05index\x18\x02 \x01(\x05\x12\x10\n\x08token_id\x18\x03 \x01(\x05\x12\x0c\n\x04text\x18\x04 \x01(\t\x12\x0c\n\x04time\x18\x05 \x01(\x01\x12\x14\n\x0c\x61rrival_time\x18\x06 \x01(\x01\x12\x15\n\rfinish_reason\x18\x07 \x01(\t\x12\x13\n\x0binstance_id\x18\x08 \x01(\t\x12\x14\n\x0cnum_offloads\x18\t \x01(\x05\x12\x15\n\rproduced_time\x18\n \x01(\x01\x12,\n\x08logprobs\x18\x0b \x01(\x0b\x32\x1a.sloserve.v1.TokenLogprobs\x12\x11\n\ttoken_ids\x18\x0c \x03(\x05\x12\r\n\x05texts\x18\r \x03(\t\x12\r\n\x05times\x18\x0e \x03(\x01\x12\x16\n\x0eproduced_times\x18\x0f \x03(\x01\x12\x32\n\x0etoken_logprobs\x18\x10 \x03(\x0b\x32\x1a.sloserve.v1.TokenLogprobs\"8\n\rAttachRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0bstart_index\x18\x02 \x01(\x05\"#\n\rCancelRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\"\x1f\n\x0e\x43\x61ncelResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\"\r\n\x0bInfoRequest\"\x9d\x02\n\x0cInstanceInfo\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0c\n\x04role\x18\x02 \x01(\t\x12\x0e\n\x06policy\x18\x03 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x04 \x01(\t\x12\r\n\x05model\x18\x05 \x01(\t\x12\x10\n\x08hardware\x18\x06 \x01(\t\x12\x0f\n\x07\x62\x61\x63kend\x18\x07 \x01(\t\x12\x1a\n\x12kv_capacity_blocks\x18\x08 \x01(\x05\x12\x12\n\nblock_size\x18\t \x01(\x05\x12\x11\n\tconnected\x18\n \x01(\x08\x12\x18\n\x10ignored_sampling\x18\x0b \x03(\t\x12\x14\n\x0cnoise_stream\x18\x0c \x01(\t\x12\x10\n\x08noise_cv\x18\r \x01(\x01\x12\x12\n\noutput_seq\x18\x0e \x01(\x04\"\x87\x01\n\x0cInfoResponse\x12\r\n\x05model\x18\x01 \x01(\t\x12\x10\n\x08policies\x18\x02 \x03(\t\x12,\n\tinstances\x18\x03 \x03(\x0b\x32\x19.sloserve.v1.InstanceInfo\x12\x11\n\ttokenizer\x18\x04 \x01(\t\x12\x15\n\rchat_template\x18\x05 \x01(\t2\x95\x02\n\x07Gateway\x12\x46\n\x08Generate\x12\x1c.sloserve.v1.GenerateRequest\x1a\x1a.sloserve.v1.GenerateChunk0\x01\x12\x41\n\x06\x43\x61ncel\x12\x1a.sloserve.v1.CancelRequest\x1a\x1b.sloserve.v1.CancelResponse\x12;\n\x04Info\x12\x18.sloserve.v1.InfoRequest\x1a\x19.sloserve.v1.InfoResponse\x12\x42\n\x06\x41ttach\x12\x1a.sloserve.v1.AttachRequest\x1a\x1a.sloserve.v1.GenerateChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,21 +33,21 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sloserve.v1.gateway_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_GENERATEREQUEST']._serialized_start=69
-  _globals['_GENERATEREQUEST']._serialized_end=489
-  _globals['_GENERATECHUNK']._serialized_start=492
-  _globals['_GENERATECHUNK']._serialized_end=745
-  _globals['_ATTACHREQUEST']._serialized_start=747
-  _globals['_ATTACHREQUEST']._serialized_end=803
-  _globals['_CANCELREQUEST']._serialized_start=805
-  _globals['_CANCELREQUEST']._serialized_end=840
-  _globals['_CANCELRESPONSE']._serialized_start=842
-  _globals['_CANCELRESPONSE']._serialized_end=873
-  _globals['_INFOREQUEST']._serialized_start=875
-  _globals['_INFOREQUEST']._serialized_end=888
-  _globals['_INSTANCEINFO']._serialized_start=891
-  _globals['_INSTANCEINFO']._serialized_end=1176
-  _globals['_INFORESPONSE']._serialized_start=1179
-  _globals['_INFORESPONSE']._serialized_end=1314
-  _globals['_GATEWAY']._serialized_start=1317
-  _globals['_GATEWAY']._serialized_end=1594
+  _globals['_GENERATEREQUEST']._serialized_end=510
+  _globals['_GENERATECHUNK']._serialized_start=513
+  _globals['_GENERATECHUNK']._serialized_end=891
+  _globals['_ATTACHREQUEST']._serialized_start=893
+  _globals['_ATTACHREQUEST']._serialized_end=949
+  _globals['_CANCELREQUEST']._serialized_start=951
+  _globals['_CANCELREQUEST']._serialized_end=986
+  _globals['_CANCELRESPONSE']._serialized_start=988
+  _globals['_CANCELRESPONSE']._serialized_end=1019
+  _globals['_INFOREQUEST']._serialized_start=1021
+  _globals['_INFOREQUEST']._serialized_end=1034
+  _globals['_INSTANCEINFO']._serialized_start=1037
+  _globals['_INSTANCEINFO']._serialized_end=1322
+  _globals['_INFORESPONSE']._serialized_start=1325
+  _globals['_INFORESPONSE']._serialized_end=1460
+  _globals['_GATEWAY']._serialized_start=1463
+  _globals['_GATEWAY']._serialized_end=1740
 # @@protoc_insertion_point(module_scope)

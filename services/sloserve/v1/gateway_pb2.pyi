@@ -36,6 +36,7 @@ class GenerateRequest(_message.Message):
     TOOLS_JSON_FIELD_NUMBER: _builtins.int
     ADD_GENERATION_PROMPT_FIELD_NUMBER: _builtins.int
     CONTINUE_FINAL_MESSAGE_FIELD_NUMBER: _builtins.int
+    MULTI_TOKEN_FIELD_NUMBER: _builtins.int
     prompt: _builtins.str
     """text; or give prompt_token_ids instead"""
     max_tokens: _builtins.int
@@ -54,6 +55,12 @@ class GenerateRequest(_message.Message):
     """
     add_generation_prompt: _builtins.bool
     continue_final_message: _builtins.bool
+    multi_token: _builtins.bool
+    """The caller takes several tokens per chunk (GenerateChunk.token_ids and the other
+    repeated fields; the SDK sets it and still yields one Chunk per token): the gateway
+    sends the tokens ready at once, and at most every --stream-interval tokens, in one
+    message (vLLM's stream_interval; issue 33, item 3). Unset: one chunk per token.
+    """
     @_builtins.property
     def prompt_token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
     @_builtins.property
@@ -82,10 +89,11 @@ class GenerateRequest(_message.Message):
         tools_json: _builtins.str = ...,
         add_generation_prompt: _builtins.bool | None = ...,
         continue_final_message: _builtins.bool = ...,
+        multi_token: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "add_generation_prompt", b"add_generation_prompt", "jct_slo", b"jct_slo", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "add_generation_prompt", b"add_generation_prompt", "continue_final_message", b"continue_final_message", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "tools_json", b"tools_json", "ttft_slo", b"ttft_slo"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt", "_jct_slo", b"_jct_slo", "_tbt_slo", b"_tbt_slo", "_ttft_slo", b"_ttft_slo", "add_generation_prompt", b"add_generation_prompt", "continue_final_message", b"continue_final_message", "jct_slo", b"jct_slo", "max_tokens", b"max_tokens", "messages", b"messages", "multi_token", b"multi_token", "priority", b"priority", "prompt", b"prompt", "prompt_token_ids", b"prompt_token_ids", "request_id", b"request_id", "sampling", b"sampling", "tbt_slo", b"tbt_slo", "tools_json", b"tools_json", "ttft_slo", b"ttft_slo"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__add_generation_prompt: _TypeAlias = _typing.Literal["add_generation_prompt"]  # noqa: Y015
     _WhichOneofArgType__add_generation_prompt: _TypeAlias = _typing.Literal["_add_generation_prompt", b"_add_generation_prompt"]  # noqa: Y015
@@ -121,6 +129,11 @@ class GenerateChunk(_message.Message):
     NUM_OFFLOADS_FIELD_NUMBER: _builtins.int
     PRODUCED_TIME_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    TOKEN_IDS_FIELD_NUMBER: _builtins.int
+    TEXTS_FIELD_NUMBER: _builtins.int
+    TIMES_FIELD_NUMBER: _builtins.int
+    PRODUCED_TIMES_FIELD_NUMBER: _builtins.int
+    TOKEN_LOGPROBS_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """0 = first output token"""
@@ -128,7 +141,7 @@ class GenerateChunk(_message.Message):
     text: _builtins.str
     """decoded text this token completes (may be empty mid-character)"""
     time: _builtins.float
-    """when the gateway emitted the token"""
+    """when the gateway received the token from its instance (and sent it on)"""
     arrival_time: _builtins.float
     """when the gateway received the request"""
     finish_reason: _builtins.str
@@ -140,6 +153,24 @@ class GenerateChunk(_message.Message):
     @_builtins.property
     def logprobs(self) -> _common_pb2.TokenLogprobs:
         """when Sampling.logprobs is set"""
+
+    @_builtins.property
+    def token_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]:
+        """GenerateRequest.multi_token: the chunk's tokens, index onwards, one entry each (the
+        single-token fields token_id, text, time, produced_time and logprobs are then unset)
+        """
+
+    @_builtins.property
+    def texts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def times(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def produced_times(self) -> _containers.RepeatedScalarFieldContainer[_builtins.float]: ...
+    @_builtins.property
+    def token_logprobs(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]:
+        """with Sampling.logprobs: one per token, as token_ids (an empty one for a token that
+        has none: a restored request's tokens from before the restart); else empty
+        """
 
     def __init__(
         self,
@@ -155,10 +186,15 @@ class GenerateChunk(_message.Message):
         num_offloads: _builtins.int = ...,
         produced_time: _builtins.float = ...,
         logprobs: _common_pb2.TokenLogprobs | None = ...,
+        token_ids: _abc.Iterable[_builtins.int] | None = ...,
+        texts: _abc.Iterable[_builtins.str] | None = ...,
+        times: _abc.Iterable[_builtins.float] | None = ...,
+        produced_times: _abc.Iterable[_builtins.float] | None = ...,
+        token_logprobs: _abc.Iterable[_common_pb2.TokenLogprobs] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "logprobs", b"logprobs", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "request_id", b"request_id", "text", b"text", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["arrival_time", b"arrival_time", "finish_reason", b"finish_reason", "index", b"index", "instance_id", b"instance_id", "logprobs", b"logprobs", "num_offloads", b"num_offloads", "produced_time", b"produced_time", "produced_times", b"produced_times", "request_id", b"request_id", "text", b"text", "texts", b"texts", "time", b"time", "times", b"times", "token_id", b"token_id", "token_ids", b"token_ids", "token_logprobs", b"token_logprobs"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -60,7 +60,9 @@ class GatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Generate(self, request, context):
-        """One chunk per output token, with its timing; the last chunk has finish_reason set.
+        """One chunk per output token, with its timing (with GenerateRequest.multi_token: one
+        chunk per group of tokens sent together, each token still timed); the last chunk
+        has finish_reason set.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

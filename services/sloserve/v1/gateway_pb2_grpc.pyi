@@ -32,7 +32,10 @@ class GatewayStub:
     @_typing.overload
     def __new__(cls, channel: _aio.Channel) -> GatewayAsyncStub: ...
     Generate: _grpc.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateChunk]
-    """One chunk per output token, with its timing; the last chunk has finish_reason set."""
+    """One chunk per output token, with its timing (with GenerateRequest.multi_token: one
+    chunk per group of tokens sent together, each token still timed); the last chunk
+    has finish_reason set.
+    """
     Cancel: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _gateway_pb2.CancelResponse]
     Info: _grpc.UnaryUnaryMultiCallable[_gateway_pb2.InfoRequest, _gateway_pb2.InfoResponse]
     Attach: _grpc.UnaryStreamMultiCallable[_gateway_pb2.AttachRequest, _gateway_pb2.GenerateChunk]
@@ -46,7 +49,10 @@ class GatewayStub:
 class GatewayAsyncStub(GatewayStub):
     def __init__(self, channel: _aio.Channel) -> None: ...
     Generate: _aio.UnaryStreamMultiCallable[_gateway_pb2.GenerateRequest, _gateway_pb2.GenerateChunk]  # type: ignore[assignment]
-    """One chunk per output token, with its timing; the last chunk has finish_reason set."""
+    """One chunk per output token, with its timing (with GenerateRequest.multi_token: one
+    chunk per group of tokens sent together, each token still timed); the last chunk
+    has finish_reason set.
+    """
     Cancel: _aio.UnaryUnaryMultiCallable[_gateway_pb2.CancelRequest, _gateway_pb2.CancelResponse]  # type: ignore[assignment]
     Info: _aio.UnaryUnaryMultiCallable[_gateway_pb2.InfoRequest, _gateway_pb2.InfoResponse]  # type: ignore[assignment]
     Attach: _aio.UnaryStreamMultiCallable[_gateway_pb2.AttachRequest, _gateway_pb2.GenerateChunk]  # type: ignore[assignment]
@@ -63,7 +69,10 @@ class GatewayServicer(metaclass=_abc_1.ABCMeta):
         request: _gateway_pb2.GenerateRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_gateway_pb2.GenerateChunk], _abc.AsyncIterator[_gateway_pb2.GenerateChunk]]:
-        """One chunk per output token, with its timing; the last chunk has finish_reason set."""
+        """One chunk per output token, with its timing (with GenerateRequest.multi_token: one
+        chunk per group of tokens sent together, each token still timed); the last chunk
+        has finish_reason set.
+        """
 
     @_abc_1.abstractmethod
     def Cancel(

@@ -25,6 +25,11 @@ still reconnecting to its instances (``Retry-After``).
 A streamed request waits for its first token before answering, so a request dropped
 before it gets a 429 status, not a broken stream; a drop after it ends the stream with
 an error event, then ``[DONE]``.
+
+Tokens ready at once leave in one SSE event (and at most every ``--stream-interval``
+tokens: vLLM's ``stream_interval``), its ``text`` their texts joined; with
+``return_token_ids`` (vLLM >= 0.10) each choice lists the event's ``token_ids``. Each
+event's JSON is serialized once, by orjson (issue 33, item 3).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import grpc
+import orjson
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -59,7 +65,7 @@ from sloserve.services.gateway.openai_surface import (
     prompts_of,
     tool_calls_of,
 )
-from sloserve.services.gateway.server import Flight, GatewayError, GatewayService
+from sloserve.services.gateway.server import Delta, Flight, GatewayError, GatewayService
 from sloserve.services.gateway.validate import InputLimits, InvalidInput, check_slo
 from sloserve.services.proto import common_pb2, gateway_pb2
 from sloserve.services.tls import ServerTLS
@@ -388,23 +394,27 @@ class Choice:
 
     index: int
     flight: Flight
-    chunks: AsyncGenerator[gateway_pb2.GenerateChunk, None]
+    chunks: AsyncGenerator[Delta, None]  # ``GatewayService.tokens``: tokens that left together
     prefix: str = ""  # echo: the prompt's text, before the first token's
     texts: list[str] = field(default_factory=list)
     logprobs: list[tuple[int, common_pb2.TokenLogprobs]] = field(default_factory=list)
     n_tokens: int = 0
+    chars: int = 0  # the texts' length (a streamed event's logprobs' text_offset)
     finish: str | None = None
 
     @property
     def prompt_tokens(self) -> int:
         return len(self.flight.spec.prompt_token_ids)
 
-    def take(self, c: gateway_pb2.GenerateChunk) -> None:
-        self.texts.append(c.text)
-        self.n_tokens += 1
-        self.finish = c.finish_reason or None
-        if c.HasField("logprobs"):
-            self.logprobs.append((c.token_id, c.logprobs))
+    def take(self, d: Delta) -> list[tuple[int, common_pb2.TokenLogprobs]]:
+        """Add ``d``'s tokens; returns those of them with logprobs (id, logprobs)."""
+        self.texts += d.texts
+        self.chars += sum(map(len, d.texts))
+        self.n_tokens += len(d.token_ids)
+        self.finish = d.finish_reason or None
+        lps = [(tid, lp) for tid, lp in zip(d.token_ids, d.logprobs) if lp is not None]
+        self.logprobs += lps
+        return lps
 
 
 class Shapes:
@@ -453,9 +463,12 @@ class Shapes:
 
     def chunk(self, text: str | None, finish: str | None, with_usage: bool,
               role: bool = False, index: int = 0,
-              logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+              logprobs: dict[str, Any] | None = None,
+              token_ids: list[int] | None = None) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": index, "logprobs": logprobs,
                                   "finish_reason": finish}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
@@ -475,7 +488,12 @@ class Shapes:
 
 
 def _sse(obj: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
+    """One SSE event (compact JSON: orjson; the standard library for what orjson refuses,
+    e.g. a lone surrogate in an echoed field)."""
+    try:
+        return b"data: " + orjson.dumps(obj) + b"\n\n"
+    except TypeError:
+        return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n".encode()
 
 
 async def capped_body(request: Request, limit: int) -> bytes:
@@ -685,7 +703,8 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
             # from its first byte on, Starlette's StreamingResponse ends the stream (and
             # closes every ``chunks``) when the client goes
             return StreamingResponse(
-                _events(shapes, choices, firsts, usage_too, surface.continuous_usage),
+                _events(shapes, choices, firsts, usage_too, surface.continuous_usage,
+                        surface.token_ids),
                 media_type="text/event-stream", headers=headers)
 
         # until the answer's first byte (all of it when not streamed), a client that goes
@@ -806,7 +825,7 @@ def echo_text(svc: GatewayService, surface: Surface, k: int) -> str:
     return prompt if isinstance(prompt, str) else svc.tokenizer.decode(prompt)
 
 
-async def first_chunks(choices: list[Choice]) -> list[gateway_pb2.GenerateChunk]:
+async def first_chunks(choices: list[Choice]) -> list[Delta]:
     """Each choice's first chunk (a streamed answer gets its status once all exist); a
     drop of any one closes them all and raises its error."""
     got = await asyncio.gather(*(anext(c.chunks) for c in choices), return_exceptions=True)
@@ -818,10 +837,10 @@ async def first_chunks(choices: list[Choice]) -> list[gateway_pb2.GenerateChunk]
             if isinstance(g, StopAsyncIteration):  # cannot happen: the last chunk finishes
                 raise BadRequest("no output", grpc.StatusCode.INTERNAL)
             raise g
-    return cast(list[gateway_pb2.GenerateChunk], got)
+    return cast(list[Delta], got)
 
 
-async def rest(c: Choice, first: gateway_pb2.GenerateChunk) -> None:
+async def rest(c: Choice, first: Delta) -> None:
     """The whole of choice ``c`` (non-streamed)."""
     c.take(first)
     if first.finish_reason:
@@ -837,36 +856,36 @@ async def close_all(choices: list[Choice]) -> None:
         await c.chunks.aclose()
 
 
-def _event(shapes: Shapes, c: Choice, chunk: gateway_pb2.GenerateChunk, usage_too: bool,
-           continuous: bool) -> bytes | None:
-    """The SSE event of one chunk of choice ``c`` (None when it carries nothing)."""
-    text = chunk.text
-    finish = chunk.finish_reason or None
+def _event(shapes: Shapes, c: Choice, d: Delta, usage_too: bool, continuous: bool,
+           with_ids: bool = False) -> bytes | None:
+    """The SSE event of one :class:`Delta` of choice ``c`` (the tokens that left
+    together: their texts joined, their logprobs listed; None when it carries nothing)."""
+    text = "".join(d.texts)
+    finish = d.finish_reason or None
     if c.prefix and c.n_tokens == 0:
         text = c.prefix + text
-    offset = len(c.prefix) + sum(len(t) for t in c.texts)
-    c.take(chunk)
-    lp = None
-    if chunk.HasField("logprobs"):
-        lp = shapes.logprobs([(chunk.token_id, chunk.logprobs)], offset)
-    if not (text or finish or lp):
+    offset = len(c.prefix) + c.chars
+    items = c.take(d)
+    lp = shapes.logprobs(items, offset) if items else None
+    if not (text or finish or lp or with_ids):
         return None
-    obj = shapes.chunk(text, finish, usage_too, index=c.index, logprobs=lp)
+    obj = shapes.chunk(text, finish, usage_too, index=c.index, logprobs=lp,
+                       token_ids=d.token_ids if with_ids else None)
     if continuous:  # vLLM's stream_options.continuous_usage_stats: usage on every chunk
         obj["usage"] = _usage(c.prompt_tokens, c.n_tokens)
     return _sse(obj)
 
 
 async def _events(shapes: Shapes, choices: list[Choice],
-                  firsts: list[gateway_pb2.GenerateChunk], usage_too: bool,
-                  continuous: bool) -> AsyncIterator[bytes]:
-    """The SSE stream of every choice: chunks as they come, interleaved across choices."""
-    queue: asyncio.Queue[tuple[Choice, gateway_pb2.GenerateChunk | GatewayError | None]] = (
-        asyncio.Queue())
+                  firsts: list[Delta], usage_too: bool, continuous: bool,
+                  with_ids: bool = False) -> AsyncIterator[bytes]:
+    """The SSE stream of every choice: one event per :class:`Delta` (the tokens that left
+    together) as they come, interleaved across choices."""
+    queue: asyncio.Queue[tuple[Choice, Delta | GatewayError | None]] = asyncio.Queue()
 
-    async def pump(c: Choice, first: gateway_pb2.GenerateChunk) -> None:
+    async def pump(c: Choice, first: Delta) -> None:
         try:
-            chunk: gateway_pb2.GenerateChunk | None = first
+            chunk: Delta | None = first
             while chunk is not None:
                 await queue.put((c, chunk))
                 chunk = None if chunk.finish_reason else await anext(c.chunks, None)
@@ -887,7 +906,8 @@ async def _events(shapes: Shapes, choices: list[Choice],
                 left -= 1
             elif isinstance(item, GatewayError):
                 yield _sse(error_body(item))
-            elif (event := _event(shapes, c, item, usage_too, continuous)) is not None:
+            elif (event := _event(shapes, c, item, usage_too, continuous,
+                                  with_ids)) is not None:
                 yield event
         if usage_too:
             yield _sse(shapes.usage_chunk(_usage(

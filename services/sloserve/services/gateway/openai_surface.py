@@ -53,6 +53,7 @@ COMMON_FIELDS = frozenset(
         "jct_slo_ms",
         "priority",
         "logit_bias",
+        "return_token_ids",
     )
 )
 COMPLETION_FIELDS = COMMON_FIELDS | {"prompt", "echo", "best_of", "suffix"}
@@ -91,6 +92,7 @@ class Surface:
     echo: bool = False
     top_logprobs: int | None = None  # None: no logprobs; else top alternatives per token
     continuous_usage: bool = False
+    token_ids: bool = False  # return_token_ids (vLLM >= 0.10): each event lists its token ids
     tool_choice: str = "none"  # none | auto | required | function (named)
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_call: Any = None  # VllmTools.start's parser and request (tool_choice not none)
@@ -312,6 +314,7 @@ def parse_surface(
     if surface.top_logprobs is not None:
         req.sampling.logprobs = surface.top_logprobs
     response_format(body, req.sampling)
+    surface.token_ids = _bool(body, "return_token_ids")
     opts = body.get("stream_options")
     if isinstance(opts, dict):
         surface.continuous_usage = _bool(opts, "continuous_usage_stats")

@@ -58,22 +58,31 @@ class Timeline:
     engine: str = ""  # the instance of the latest token (vLLM's ``engine`` label)
     prefill_time: float = 0.0  # first scheduling to first token, as its scheduler said
 
-    def token(self, t: float, engine: str, ev: scheduler_pb2.TokenEvent) -> None:
-        """Token ``ev`` left at ``t`` from instance ``engine``: its first carries the
-        request's queue and prefill time on that instance (issue 35, item 3)."""
+    def tokens(self, times: list[float], engine: str, first: scheduler_pb2.TokenEvent) -> None:
+        """Tokens that reached the gateway at ``times`` from instance ``engine`` (``first``
+        is the earliest of them): one ITL/TPOT sample per gap, as if they left one by one;
+        a request's first token carries its queue and prefill time on that instance
+        (issue 35, item 3). The labelled children are looked up once per call."""
         m, self.engine = self.model, engine
-        if self.token_times:
-            itl = t - self.token_times[-1]
-            metrics.ITL.labels(m, engine).observe(itl)
-            metrics.TPOT.labels(m, engine).observe(itl)
-        else:
-            metrics.TTFT.labels(m, engine).observe(t - self.arrival)
+        prev = self.token_times[-1] if self.token_times else None
+        if prev is None:
+            metrics.TTFT.labels(m, engine).observe(times[0] - self.arrival)
             metrics.PROMPT_TOKENS.labels(m, engine).inc(self.prompt_tokens)
-            metrics.REQUEST_QUEUE_TIME.labels(m, engine).observe(ev.queue_time)
-            metrics.PREFILL_TIME.labels(m, engine).observe(ev.prefill_time)
-            self.prefill_time = ev.prefill_time
-        self.token_times.append(t)
-        metrics.GENERATION_TOKENS.labels(m, engine).inc()
+            metrics.REQUEST_QUEUE_TIME.labels(m, engine).observe(first.queue_time)
+            metrics.PREFILL_TIME.labels(m, engine).observe(first.prefill_time)
+            self.prefill_time = first.prefill_time
+            prev = times[0]
+            gaps = times[1:]
+        else:
+            gaps = times
+        if gaps:
+            itl, tpot = metrics.ITL.labels(m, engine), metrics.TPOT.labels(m, engine)
+            for t in gaps:
+                itl.observe(t - prev)
+                tpot.observe(t - prev)
+                prev = t
+        self.token_times.extend(times)
+        metrics.GENERATION_TOKENS.labels(m, engine).inc(len(times))
 
     @property
     def ttft(self) -> float | None:

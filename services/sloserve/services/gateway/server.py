@@ -25,10 +25,10 @@ import json
 import math
 import time
 import uuid
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, TYPE_CHECKING, Any
 
 import grpc
@@ -47,6 +47,7 @@ from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.outputs import StopStrings, Timeline
 from sloserve.services.gateway.placement import Placement
+from sloserve.services.gateway.stream import Ended, TokenStream
 from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
 from sloserve.services.gateway.validate import (
     InputLimits,
@@ -82,7 +83,6 @@ from sloserve.services.registry import (
 from sloserve.services.tls import ServerTLS
 from sloserve.tenancy import DEFAULT_BURST_S, KeyLimits, TenantLimiter
 
-Event = scheduler_pb2.TokenEvent | Drop | None  # None: cancelled
 REQUEST_ID_METADATA = "x-request-id"  # a caller's request id, echoed in the response metadata
 # gRPC's retry pushback (gRFC A6): on a shed or limited answer, when the client may retry
 PUSHBACK_METADATA = "grpc-retry-pushback-ms"
@@ -116,7 +116,7 @@ class GatewayError(Exception):
 class Flight:
     spec: common_pb2.RequestSpec  # generated_token_ids grows as tokens arrive
     req: Request  # what the controller sees
-    events: asyncio.Queue[Event]
+    events: TokenStream  # its tokens as they arrive, until its client takes them
     instance_id: str = ""  # where its tokens come from (the controller's latest Dispatch)
     owner: str = ""  # the API key's id that created it ("" with auth off)
     tenant: str | None = None  # holds a per-key slot (``sloserve.tenancy``) until released
@@ -148,6 +148,32 @@ def scoped_id(owner: str, request_id: str) -> str:
     return f"{owner}:{request_id}" if owner else request_id
 
 
+@dataclass(slots=True)
+class Delta:
+    """Tokens of one request that leave together (one message to the client): each with
+    its id, text, the time the gateway received it and the time its instance produced it
+    (``stream.TokenStream``: what was ready at once, at most every stream interval)."""
+
+    index: int  # the first token's (0 = first output token)
+    token_ids: list[int]
+    texts: list[str]
+    times: list[float]
+    produced_times: list[float]
+    finish_reason: str  # "" while streaming; set on the one with the request's last token
+    instance_id: str
+    num_offloads: int
+    # each token's logprobs (None: none; Sampling.logprobs unset, or restored)
+    logprobs: list[common_pb2.TokenLogprobs | None] = field(default_factory=list)
+
+    def add(self, ev: scheduler_pb2.TokenEvent, text: str, t: float) -> None:
+        """Token ``ev`` (its ``text``, received at ``t``) joins the delta."""
+        self.token_ids.append(ev.token_id)
+        self.texts.append(text)
+        self.times.append(t)
+        self.produced_times.append(ev.time)
+        self.logprobs.append(ev.logprobs if ev.HasField("logprobs") else None)
+
+
 class GatewayService(gateway_grpc.GatewayServicer):
     LINK_ROLE = "gateway"  # its scheduler streams' Hello (a frontend of several: "frontend")
 
@@ -172,6 +198,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.tools: VllmTools | None = None  # --tool-call-parser: vLLM's tool calling
         self.limits = self._limits()
         self.flights: dict[str, Flight] = {}
+        self.stream_interval = 1  # vLLM's stream_interval: tokens per message at most every
         self.output_seqs: dict[str, int] = {}  # instance -> last SchedulerOutput.seq applied
         # instance -> (prefix-cache queries, hits) its scheduler last reported (/metrics)
         self.prefix_cache: dict[str, tuple[int, int]] = {iid: (0, 0) for iid in statuses}
@@ -356,7 +383,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                                   dst=action.instance_id)
             else:
                 why = (reasons or {}).get(action.request_id)
-                f.events.put_nowait(Drop(action.request_id, why) if why else action)
+                f.events.close(Drop(action.request_id, why) if why else action)
                 f.done = True
 
     def _located(self, request_id: str, instance_id: str) -> Flight | None:
@@ -372,7 +399,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
         if instance_id not in self.links:
             return  # it left the deployment; its requests run elsewhere
-        now = out.time or time.time()
+        got = time.time()  # every token of this message reached the gateway now
+        now = out.time or got
         self.heard_from.add(instance_id)
         for spec in out.restored:
             self.adopt(instance_id, spec)
@@ -382,7 +410,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if f is None or ev.index != len(f.spec.generated_token_ids):
                 continue  # stale, or a duplicate replayed after a scheduler restart
             f.spec.generated_token_ids.append(ev.token_id)
-            f.events.put_nowait(ev)
+            f.events.push(ev, got)
             f.done = f.done or ev.finished
             fresh.append(ev)
         self.ctl.on_tokens(fresh)
@@ -422,7 +450,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
                           at=self.ctl.location.get(rid))
             return
         owner, client_id = owner_of(rid, self.auth_on)
-        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(),
+        f = Flight(spec, request_of(spec, self.hash_unit), TokenStream(self.stream_interval),
                    instance_id=instance_id, owner=owner, client_id=client_id,
                    detached_until=time.monotonic() + self.reattach_grace,
                    restored=len(spec.generated_token_ids), adopted=True)
@@ -539,7 +567,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
                                    f"request {client_id}: {refused.reason}",
                                    refused.retry_after_s)
             tenant = owner
-        f = Flight(spec, request_of(spec, self.hash_unit), asyncio.Queue(), owner=owner,
+        f = Flight(spec, request_of(spec, self.hash_unit), TokenStream(self.stream_interval),
+                   owner=owner,
                    client_id=client_id, tenant=tenant)
         self.flights[spec.request_id] = f
         action = self.ctl.admit(f.req, now)  # None: the router's answer comes later
@@ -558,51 +587,56 @@ class GatewayService(gateway_grpc.GatewayServicer):
                       first.bos_token, first.eos_token, tools, gen,
                       request.continue_final_message)
 
-    async def tokens(self, f: Flight,
-                     start: int = 0) -> AsyncGenerator[gateway_pb2.GenerateChunk, None]:
-        """``f``'s chunks from token ``start`` as its tokens arrive (a restored request's
-        earlier tokens first: they pass the detokenizer and stop strings, as live ones);
-        a drop or cancel raises :class:`GatewayError`. Closing the iterator early cancels
-        the request everywhere."""
+    async def tokens(self, f: Flight, start: int = 0) -> AsyncGenerator[Delta, None]:
+        """``f``'s tokens from token ``start`` as they arrive, several to a :class:`Delta`
+        when several are ready at once (``stream.TokenStream``); a restored request's
+        earlier tokens come first, in one Delta (they pass the detokenizer and stop
+        strings, as live ones; those before ``start`` the client has: not sent). A drop or
+        cancel raises :class:`GatewayError`. Closing the iterator early cancels the
+        request everywhere."""
         spec, rid = f.spec, f.client_id
         detok = self.tokenizer.detokenizer()
         stops = StopStrings(spec.sampling.stop)
         timeline = Timeline(self.model, spec.arrival_time, len(spec.prompt_token_ids),
                             spec.max_tokens)
         reason, sched_done, why = "abort", False, ""
-        backlog = deque(scheduler_pb2.TokenEvent(
+        backlog = [scheduler_pb2.TokenEvent(
             request_id=spec.request_id, index=k, token_id=spec.generated_token_ids[k],
-            finished=f.complete and k == f.restored - 1) for k in range(f.restored))
+            finished=f.complete and k == f.restored - 1) for k in range(f.restored)]
         try:
             while True:
-                ev = backlog.popleft() if backlog else await f.events.get()
-                if ev is None:
-                    reason = "cancelled"
-                    raise GatewayError(grpc.StatusCode.CANCELLED, f"request {rid}: cancelled")
-                if isinstance(ev, Drop):
-                    reason, sched_done, why = "dropped", True, ev.reason
-                    metrics.DROPS.labels(self.model, metrics.drop_label(ev.reason)).inc()
-                    raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                       f"request {rid}: {ev.reason}")
-                sched_done = ev.finished
-                text, hit = stops.push(detok.push(ev.token_id), ev.finished)
-                last = ev.finished or hit
-                if last:
-                    reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
-                if ev.index < start:  # the client has it
+                if backlog:  # a restored request's tokens from before the restart
+                    events, times, backlog = backlog, [time.time()] * len(backlog), []
+                else:
+                    try:
+                        events, times = await f.events.take()
+                    except Ended as end:
+                        if end.why is None:
+                            reason = "cancelled"
+                            raise GatewayError(grpc.StatusCode.CANCELLED,
+                                               f"request {rid}: cancelled") from None
+                        reason, sched_done, why = "dropped", True, end.why.reason
+                        metrics.DROPS.labels(self.model, metrics.drop_label(why)).inc()
+                        raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                           f"request {rid}: {why}") from None
+                d = Delta(-1, [], [], [], [], "", f.instance_id, spec.num_offloads)
+                last, lead = False, None
+                for ev, t in zip(events, times):
+                    sched_done = ev.finished
+                    text, hit = stops.push(detok.push(ev.token_id), ev.finished)
+                    last = ev.finished or hit
                     if last:
-                        return
-                    continue
-                t = time.time()
-                if not f.adopted:  # a restored one's TTFT and gaps span the restart
-                    timeline.token(t, f.instance_id, ev)
-                yield gateway_pb2.GenerateChunk(
-                    request_id=rid, index=ev.index, token_id=ev.token_id, text=text, time=t,
-                    arrival_time=spec.arrival_time, finish_reason=reason if last else "",
-                    instance_id=f.instance_id, num_offloads=spec.num_offloads,
-                    produced_time=ev.time,
-                    logprobs=ev.logprobs if ev.HasField("logprobs") else None,
-                )
+                        reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
+                    if ev.index >= start:  # else the client has it
+                        lead = ev if lead is None else lead
+                        d.add(ev, text, t)
+                    if last:
+                        break
+                if lead is not None:
+                    if not f.adopted:  # a restored one's TTFT and gaps span the restart
+                        timeline.tokens(d.times, f.instance_id, lead)
+                    d.index, d.finish_reason = lead.index, reason if last else ""
+                    yield d
                 if last:
                     return
         finally:
@@ -649,9 +683,14 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.release(f, cancel=True)
             raise
         try:
-            async with aclosing(self.tokens(f)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            async with aclosing(self.tokens(f)) as deltas:
+                if request.multi_token:
+                    async for d in deltas:
+                        yield _multi_chunk(f, d)
+                else:
+                    async for d in deltas:
+                        for chunk in _single_chunks(f, d):
+                            yield chunk
         except GatewayError as exc:
             await _abort(context, exc)
 
@@ -693,9 +732,10 @@ class GatewayService(gateway_grpc.GatewayServicer):
         except GatewayError as exc:
             await _abort(context, exc)
         try:
-            async with aclosing(self.tokens(f, request.start_index)) as chunks:
-                async for chunk in chunks:
-                    yield chunk
+            async with aclosing(self.tokens(f, request.start_index)) as deltas:
+                async for d in deltas:
+                    for chunk in _single_chunks(f, d):
+                        yield chunk
         except GatewayError as exc:
             await _abort(context, exc)
 
@@ -713,7 +753,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.log.info("request_cancelled_unattached", request_id=f.spec.request_id,
                           output_tokens=len(f.spec.generated_token_ids))
         elif f is not None:
-            f.events.put_nowait(None)
+            f.events.close(None)
         return gateway_pb2.CancelResponse(found=f is not None)
 
     async def Info(
@@ -740,6 +780,28 @@ class GatewayService(gateway_grpc.GatewayServicer):
 async def _abort(context: grpc.aio.ServicerContext, exc: GatewayError) -> None:
     """End the call with ``exc``; a shed or limited one says when to retry (its trailers)."""
     await context.abort(exc.code, exc.message, exc.trailers())
+
+
+def _single_chunks(f: Flight, d: Delta) -> list[gateway_pb2.GenerateChunk]:
+    """``d`` as one chunk per token (a caller without ``GenerateRequest.multi_token``)."""
+    n = len(d.token_ids)
+    return [gateway_pb2.GenerateChunk(
+        request_id=f.client_id, index=d.index + i, token_id=d.token_ids[i], text=d.texts[i],
+        time=d.times[i], arrival_time=f.spec.arrival_time,
+        finish_reason=d.finish_reason if i == n - 1 else "", instance_id=d.instance_id,
+        num_offloads=d.num_offloads, produced_time=d.produced_times[i],
+        logprobs=d.logprobs[i]) for i in range(n)]
+
+
+def _multi_chunk(f: Flight, d: Delta) -> gateway_pb2.GenerateChunk:
+    """``d`` as one chunk (a ``GenerateRequest.multi_token`` caller, such as the SDK)."""
+    lps = ([lp or common_pb2.TokenLogprobs() for lp in d.logprobs]
+           if any(lp is not None for lp in d.logprobs) else [])
+    return gateway_pb2.GenerateChunk(
+        request_id=f.client_id, index=d.index, token_ids=d.token_ids, texts=d.texts,
+        times=d.times, produced_times=d.produced_times, arrival_time=f.spec.arrival_time,
+        finish_reason=d.finish_reason, instance_id=d.instance_id, num_offloads=d.num_offloads,
+        token_logprobs=lps)
 
 
 def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
@@ -844,6 +906,7 @@ def configure(svc: GatewayService, st: Setup, args: argparse.Namespace) -> None:
     svc.auth_on = bool(st.keys)
     svc.tenants = TenantLimiter(st.tenants) if st.tenants.on else None
     svc.reattach_grace = args.reattach_grace
+    svc.stream_interval = args.stream_interval
     if args.tool_call_parser:  # vLLM's parser over the model's tokenizer (issue 35, item 2)
         from sloserve.services.gateway.openai_surface import VllmTools
 
@@ -923,6 +986,7 @@ async def _first_members(watch: Watch, static: int, wanted: int,
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)
+AT_LEAST_1 = number(int, 1, strict=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -957,6 +1021,12 @@ def build_parser() -> argparse.ArgumentParser:
                    default=REATTACH_GRACE_S, metavar="SECONDS",
                    help="after a restart, how long a restored request waits for its client "
                         "to re-attach (Attach) before it is cancelled (issue 34)")
+    p.add_argument("--stream-interval", type=AT_LEAST_1, default=1, metavar="N",
+                   help="vLLM's stream_interval: after the first token, a stream's tokens "
+                        "leave every N tokens (and at its end) in one message (SSE event, or "
+                        "gRPC chunk for a multi_token caller such as the SDK); each token "
+                        "keeps its own time. 1: every token as it arrives (tokens ready at "
+                        "once still share a message)")
     p.add_argument("--http-port", type=int, default=0,
                    help="OpenAI-compatible HTTP API on this port (0: off; `up` uses 8000)")
     p.add_argument("--http-host", default=None, help="default: --host")

@@ -4,8 +4,7 @@ when the executor ships one (``ExecutorDescription.tokenizer_json``, needs ``tok
 from __future__ import annotations
 
 import codecs
-from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 
 class Detokenizer(Protocol):
@@ -67,23 +66,22 @@ class ModelTokenizer:
         return self.decode([token_id])
 
     def detokenizer(self) -> Detokenizer:
-        return _DiffDetok(lambda ids: str(self._tok.decode(ids, skip_special_tokens=True)))
+        return _StreamDetok(self._tok)
 
 
-class _DiffDetok:
-    """Incremental decode by re-decoding and emitting the new suffix (vLLM's approach)."""
+class _StreamDetok:
+    """Incremental decode with ``tokenizers``' ``DecodeStream`` (a few tokens of context,
+    as vLLM's incremental detokenizer): constant work per token where re-decoding the
+    whole output grew with its length (issue 33, item 3). Its pieces join to the full
+    decode (``skip_special_tokens``); an incomplete character waits for the next token."""
 
-    def __init__(self, decode: Callable[[list[int]], str]) -> None:
-        self._decode, self._text = decode, ""
-        self._ids: list[int] = []
+    def __init__(self, tok: Any) -> None:
+        from tokenizers.decoders import DecodeStream
+
+        self._tok, self._stream = tok, DecodeStream(skip_special_tokens=True)
 
     def push(self, token_id: int) -> str:
-        self._ids.append(token_id)
-        text = self._decode(self._ids)
-        if text.endswith("\ufffd"):  # an incomplete character: wait for the next token
-            return ""
-        new, self._text = text[len(self._text):], text
-        return new
+        return str(self._stream.step(self._tok, token_id) or "")
 
 
 def make_tokenizer(tokenizer_json: str) -> ByteTokenizer | ModelTokenizer:
