@@ -220,7 +220,7 @@ def run_vllm(
             time.sleep(2)
         time.sleep(3)
         res = measured(
-            "vllm",
+            "stock",
             lambda: {"vllm-api-server": cpu_s(proc.pid)},
             lambda: bench(
                 target,
@@ -248,7 +248,7 @@ def run_vllm(
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument(
-        "--paths", nargs="+", choices=("grpc", "http", "vllm"), default=["grpc", "http", "vllm"]
+        "--paths", nargs="+", choices=("grpc", "http", "stock"), default=["grpc", "http", "stock"]
     )
     p.add_argument("--policy", default="sarathi")
     p.add_argument("--instances", type=int, default=4)
@@ -275,15 +275,15 @@ def main() -> None:
             w.writerow(["prompt_tokens", "output_tokens"])
             w.writerows([[args.input_len, args.output_len]] * args.num_requests)
         rows = run_stack(args, trace, env) if {"grpc", "http"} & set(args.paths) else []
-        if "vllm" in args.paths:
+        if "stock" in args.paths:  # stock vllm serve
             rows.append(run_vllm(args, trace, env, Path(tempfile.mkdtemp(prefix="token-path-"))))
     fig = {r["path"]: r["frontend_cpu_us_per_token"] for r in rows}
-    if "vllm" in fig:
+    if "stock" in fig:  # stock vllm serve's API server over ours
         fig.update(
             {
-                f"vllm_over_{k}": round(fig["vllm"] / v, 2)
+                f"stock_over_{k}": round(fig["stock"] / v, 2)
                 for k, v in list(fig.items())
-                if k != "vllm" and v > 0
+                if k != "stock" and v > 0
             }
         )
     print(json.dumps({"summary_cpu_us_per_token": fig, "args": vars(args)}), flush=True)
