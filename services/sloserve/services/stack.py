@@ -311,26 +311,27 @@ class Stack:
                    repr(kl.token_rate), "--key-token-burst", repr(kl.token_burst)]
         if c.tls_cert and c.tls_key:
             gw += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
+        # the gateway (or the router of several frontends) learns the schedulers from the
+        # registry in Redis, where each registers itself (issue 34, item 2); it serves once
+        # all of this stack's are known, and follows joins and leaves from there
+        registry = ["--prefix", self.prefix, "--min-instances", str(len(scheds) // 2)]
         if c.frontends == 1:
-            # the gateway learns the schedulers from the registry in Redis, where each
-            # registers itself (issue 34, item 2); it serves once all of this stack's are known
             self._add("gateway", self._module(
-                "gateway", c.gateway_port, *gw, "--prefix", self.prefix, "--min-instances",
-                str(len(scheds) // 2), *self._decision_log("gateway")),
+                "gateway", c.gateway_port, *gw, *registry, *self._decision_log("gateway")),
                 f"{c.host}:{c.gateway_port}", "gateway")
             return
-        # several frontends and their router take the schedulers as a fixed list
-        self._plan_frontends([*gw, *scheds], scheds, wait, dep.to_json())
+        self._plan_frontends(gw, registry, wait, dep.to_json())
 
-    def _plan_frontends(self, gw: list[str], scheds: list[str], wait: list[str],
+    def _plan_frontends(self, gw: list[str], registry: list[str], wait: list[str],
                         deployment: str) -> None:
-        """``--frontends N`` (issue 33): the router (the one Controller, its decision log
-        ``router.jsonl``) and N frontends on the public ports; each also listens alone on a
-        private port, which ``up`` checks its health on."""
+        """``--frontends N`` (issue 33): the router (the one Controller, following the
+        registry; its decision log ``router.jsonl``) and N frontends on the public ports,
+        which take the instances from the router; each also listens alone on a private
+        port, which ``up`` checks its health on."""
         c, h = self.cfg, INTERNAL_HOST
         pr = self._port(h)
         self._add("router", self._module(
-            "router", pr, *scheds, *wait, "--deployment", deployment,
+            "router", pr, *registry, *wait, "--deployment", deployment,
             *self._decision_log("router")), f"{h}:{pr}", "router")
         for k in range(c.frontends):
             own = self._port(c.host)

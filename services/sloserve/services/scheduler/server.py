@@ -327,9 +327,18 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 self.cancel(rid)
             for spec in hello.inflight:
                 self.streams.owner[spec.request_id] = hello.gateway_id
+            # restored ones no frontend listed go to the first that connects: it adopts
+            # them (and tells the router); one another frontend lists later is claimed
+            # back by that frontend's Hello (the owner is the latest to list it)
+            q = self.streams.frontends.get(hello.gateway_id)
+            if q is not None:
+                for rid in self.unclaimed - listed:
+                    self.streams.owner[rid] = hello.gateway_id
+                self._offer_restored(listed, q)
+                self.unclaimed.clear()
         else:
             self.replayed = {}  # watermarks are per connection
-            self._offer_restored(listed)
+            self._offer_restored(listed, self.outq)
             gone = [r for r in self.specs if r not in listed and r not in self.unclaimed]
             for rid in gone:
                 self.cancel(rid)
@@ -342,10 +351,11 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.synced.set()
         self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
 
-    def _offer_restored(self, listed: set[str]) -> None:
+    def _offer_restored(self, listed: set[str], q: OutQueue | None) -> None:
         """``SchedulerOutput.restored`` (and drops for the refused ones) to the connecting
-        gateway: every restored request it does not list, with all its tokens."""
-        if self.outq is None:
+        gateway (or first frontend, on its queue ``q``): every restored request it does not
+        list, with all its tokens."""
+        if q is None:
             return
         live = {spec.request_id: (spec, tokens) for spec, tokens in self.live_requests()}
         offered = [*self.unclaimed_done]
@@ -364,7 +374,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         out.restored.extend(s for s, _ in refused)
         out.dropped.extend(scheduler_pb2.Drop(request_id=s.request_id, reason=why)
                            for s, why in refused)
-        self._put(self.outq, out)
+        self._put(q, out)
         self.log.info("restored_offered", requests=len(offered) - len(self.unclaimed_done),
                       complete=len(self.unclaimed_done), refused=len(refused))
         self.unclaimed_done, self.unclaimed_refused = [], []
