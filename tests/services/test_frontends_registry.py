@@ -2,10 +2,13 @@
 router reads the registry in Redis as the one gateway does and tells both frontends of each
 join and leave on its stream. A scheduler started after ``up`` joins and is served through
 both frontends; SIGTERMed, it deregisters and drains, and its streams are re-run on the
-others, whole and in order. Sim backend, real Redis, real processes on loopback."""
+others, whole and in order. After a crash of the whole stack, the requests each scheduler
+restores reach a frontend (the first to connect adopts them and tells the router) and
+resume there. Sim backend, real Redis, real processes on loopback."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -16,7 +19,9 @@ from pathlib import Path
 import grpc
 import httpx
 
+from sloserve.client import Client
 from sloserve.services.drills.faults import wait_event
+from sloserve.services.drills.restart import Outcome, attach_all, drill
 from sloserve.services.executor.backends import pseudo_token
 from sloserve.services.proto import SERVICE_NAMES, gateway_grpc, gateway_pb2
 from sloserve.services.stack import Service, Stack
@@ -38,6 +43,12 @@ def served_on(stack: Stack, frontend: str, instance: str) -> float:
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith("vllm:request_success_total")
                and f'engine="{instance}"' in line)
+
+
+def events(log: Path, name: str) -> list[dict[str, object]]:
+    """The JSON log lines of ``log`` whose event is ``name``."""
+    lines = (json.loads(ln) for ln in log.read_text().splitlines() if ln.startswith("{"))
+    return [e for e in lines if e.get("event") == name]
 
 
 def _swap(argv: list[str], flag: str, value: str) -> list[str]:
@@ -149,3 +160,33 @@ def test_two_frontends_take_a_late_scheduler_from_the_registry_and_drain_it_on_s
           f"({on_late}); {len(moved)}/{len(on_it)} streams on it re-run elsewhere, 12/12 "
           f"whole; scheduler exit {exit_s:.2f} s after SIGTERM; load {os.getloadavg()[0]:.2f}")
     stack.services[f"executor-{LATE}"].proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+
+
+def test_after_a_whole_stack_crash_each_restored_request_resumes_at_its_adopting_frontend(
+    start_stack: Callable[..., Stack],
+) -> None:
+    stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0)
+    logs = stack.cfg.log_dir
+    assert logs is not None
+    adopter: dict[str, str] = {}
+
+    def at_the_adopter(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        """Each client re-attaches at the frontend whose log says it adopted its request
+        (each frontend also listens alone on its private port)."""
+        time.sleep(1.0)  # the schedulers' offers reach the frontends as they connect
+        for fe in FRONTENDS:
+            for e in events(logs / f"{fe}.log", "request_restored"):
+                assert str(e["request_id"]) not in adopter, e  # adopted once, by one
+                adopter[str(e["request_id"])] = fe
+        for fe in FRONTENDS:
+            client = Client(s.services[fe].address)
+            attach_all(client, [o for o in outcomes if adopter.get(o.request_id) == fe],
+                       max_tokens, deadline_s=60)
+            client.close()
+
+    outcomes, down = drill(stack, 8, 150, signal.SIGKILL, reattach=at_the_adopter)
+    assert sorted(adopter) == sorted(o.request_id for o in outcomes), adopter
+    assert all(0 < o.before < 150 for o in outcomes)  # every one cut mid-stream
+    assert [o.row() for o in outcomes if not o.resumed] == []
+    print(f"\nfrontends restart: down {down:.1f} s; adopted {sorted(adopter.values())}; "
+          f"8/8 resumed; load {os.getloadavg()[0]:.2f}")

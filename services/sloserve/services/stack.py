@@ -370,16 +370,16 @@ class Stack:
         try:
             # the gateway asks every scheduler for its Status as it starts, and a scheduler
             # is ready only once its executor is (a vllm executor loads for ~a minute)
+            # the router (several frontends) reads the registry as the gateway does: after
+            # the schedulers, whose entries may still name a crashed run's addresses
             public = [n for n in self.services if n.split("-")[0] == "gateway"]
-            backends = [n for n in self.services if n not in public]
-            for name in backends:
-                self.spawn(name)
-            for name in backends:
-                self._wait_started(name, time.monotonic() + timeout)
-            for name in public:
-                self.spawn(name)
-            for name in public:
-                self._wait_started(name, time.monotonic() + timeout)
+            router = [n for n in self.services if n == "router"]
+            backends = [n for n in self.services if n not in public and n not in router]
+            for group in (backends, router, public):
+                for name in group:
+                    self.spawn(name)
+                for name in group:
+                    self._wait_started(name, time.monotonic() + timeout)
         except BaseException:
             self.stop()
             raise

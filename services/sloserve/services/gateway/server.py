@@ -88,6 +88,7 @@ ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conducto
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 REATTACH_GRACE_S = 300.0  # a restored request waits this long for its client (Attach)
 ENDED_KEPT = 10_000  # statuses of restored requests that ended unattached, for Attach
+STALE_S = 5.0  # at start, a registered scheduler not answering for this long: look again
 
 
 class GatewayError(Exception):
@@ -852,14 +853,23 @@ async def find_instances(args: argparse.Namespace) -> Instances:
         args.registry_poll,
         pinned=frozenset(static),
     )
-    addresses = {
-        **static,
-        **await membership.first_members(watch, len(static), args.min_instances,
-                                         args.connect_timeout),
-    }
-    statuses = dict(zip(addresses, await asyncio.gather(
-        *(_status(a, args.connect_timeout) for a in addresses.values()))))
-    return Instances(addresses, statuses, redis, watch)
+    deadline = time.monotonic() + args.connect_timeout
+    statuses = dict(zip(static, await asyncio.gather(
+        *(_status(a, args.connect_timeout) for a in static.values()))))
+    while True:
+        found = await membership.first_members(watch, len(static), args.min_instances,
+                                               max(0.0, deadline - time.monotonic()))
+        try:
+            statuses.update(zip(found, await asyncio.gather(*(
+                _status(a, min(STALE_S, max(0.0, deadline - time.monotonic())))
+                for a in found.values()))))
+            break
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            # a stale entry (its scheduler crashed and restarts elsewhere): its next
+            # heartbeat writes the new address, which the registry is read again for
+    return Instances({**static, **found}, statuses, redis, watch)
 
 
 async def setup(args: argparse.Namespace, find: bool = True) -> Setup:
