@@ -2,9 +2,9 @@
 router reads the registry in Redis as the one gateway does and tells both frontends of each
 join and leave on its stream. A scheduler started after ``up`` joins and is served through
 both frontends; SIGTERMed, it deregisters and drains, and its streams are re-run on the
-others, whole and in order. After a crash of the whole stack, the requests each scheduler
-restores reach a frontend (the first to connect adopts them and tells the router) and
-resume there. Sim backend, real Redis, real processes on loopback."""
+others, whole and in order. After a whole-stack stop or crash, the requests each scheduler
+holds reach a frontend (the first to connect adopts them and tells the router) and resume
+there. Sim backend, real Redis, real processes on loopback."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 
 from sloserve.client import Client
 from sloserve.services.drills.faults import wait_event
@@ -162,8 +163,9 @@ def test_two_frontends_take_a_late_scheduler_from_the_registry_and_drain_it_on_s
     stack.services[f"executor-{LATE}"].proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
 
 
-def test_after_a_whole_stack_crash_each_restored_request_resumes_at_its_adopting_frontend(
-    start_stack: Callable[..., Stack],
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["stop", "crash"])
+def test_after_a_whole_stack_restart_each_restored_request_resumes_at_its_adopting_frontend(
+    start_stack: Callable[..., Stack], sig: int,
 ) -> None:
     stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0)
     logs = stack.cfg.log_dir
@@ -184,9 +186,24 @@ def test_after_a_whole_stack_crash_each_restored_request_resumes_at_its_adopting
                        max_tokens, deadline_s=60)
             client.close()
 
-    outcomes, down = drill(stack, 8, 150, signal.SIGKILL, reattach=at_the_adopter)
+    outcomes, down = drill(stack, 8, 150, sig, reattach=at_the_adopter)
     assert sorted(adopter) == sorted(o.request_id for o in outcomes), adopter
     assert all(0 < o.before < 150 for o in outcomes)  # every one cut mid-stream
     assert [o.row() for o in outcomes if not o.resumed] == []
-    print(f"\nfrontends restart: down {down:.1f} s; adopted {sorted(adopter.values())}; "
-          f"8/8 resumed; load {os.getloadavg()[0]:.2f}")
+    print(f"\nfrontends restart ({signal.Signals(sig).name}): down {down:.1f} s; adopted "
+          f"{sorted(adopter.values())}; 8/8 resumed; load {os.getloadavg()[0]:.2f}")
+
+
+def test_a_frontend_given_a_scheduler_list_is_refused_naming_the_flag() -> None:
+    """A frontend's instances are the router's news: ``--scheduler`` belongs to the router
+    (or the one gateway); given to a frontend it fails at once, naming the flag."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "sloserve.services.frontend", "--port", "0", "--router",
+         "127.0.0.1:1", "--scheduler", "lp0=127.0.0.1:2"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    assert "--scheduler: a frontend takes its instances from the router" in done.stderr, \
+        done.stderr[-2000:]

@@ -464,9 +464,11 @@ class Stack:
         # the gateway first: a scheduler stopped (deregistered) while a gateway still
         # follows the registry would have its requests moved to the others, themselves
         # stopping; with no gateway connected a scheduler's drain ends at once
+        # (with several frontends: every frontend and the router, which follows the
+        # registry; a frontend's clean stop leaves its requests for the next to adopt)
         procs = [s.proc for s in reversed(self.services.values()) if s.proc is not None]
-        gateway = self.services.get("gateway")
-        first = [gateway.proc] if gateway is not None and gateway.proc is not None else []
+        first = [s.proc for n, s in self.services.items() if s.proc is not None
+                 and (n == "router" or n.split("-")[0] == "gateway")]
         for group in (first, [p for p in procs if p not in first]):
             for p in group:
                 if p.poll() is None:

@@ -185,7 +185,21 @@ async def serve(args: argparse.Namespace) -> None:
         router=args.router,
         instances=list(svc.links),
     )
-    await rpc.serve_until_signal(server, tasks)
+    router_task = tasks[0]
+
+    async def leave() -> None:
+        """A clean stop (a whole-stack stop, or ``up`` restarting it) moves and cancels
+        no request: each scheduler is told to keep this frontend's requests for the next
+        frontend to adopt (``SchedulerLink.detach``; their clients may re-attach there, as
+        after the one gateway's stop, issue 34 item 6), then the router stream ends."""
+        for link in svc.links.values():
+            link.detach()
+        links = [t for ts in svc.tasks.values() for t in ts]
+        if links:
+            await asyncio.wait(links, timeout=1.0)
+        router_task.cancel()
+
+    await rpc.serve_until_signal(server, tasks, before_stop=leave)
 
 
 def build_parser() -> argparse.ArgumentParser:

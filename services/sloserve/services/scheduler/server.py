@@ -315,6 +315,16 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                     self.cancel(rid)
                 self.log.info("frontend_gone", frontend=fid)
 
+    def detach(self, frontend: str) -> None:
+        """A frontend stops cleanly: its requests run on unowned, offered (with their
+        tokens) to the next frontend that connects, which adopts them for their clients
+        to re-attach (``_hello``); its stream's end then cancels none."""
+        mine = self.streams.owned_by(frontend)
+        for rid in mine:
+            del self.streams.owner[rid]
+        self.unclaimed.update(mine)
+        self.log.info("frontend_detached", frontend=frontend, requests=len(mine))
+
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
         """Resume what the gateway lists; offer it the restored requests it does not (first
         on its stream, so their tokens never precede them); cancel the rest. One frontend
@@ -393,6 +403,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                     self.admit(msg.submit, fresh=True)
                 elif kind == "cancel":
                     self.cancel(msg.cancel)
+                elif kind == "detach" and frontend:
+                    self.detach(frontend)
         finally:
             q.put_nowait(None)
 
