@@ -32,7 +32,8 @@ class Hello(_message.Message):
     frontend: _builtins.bool
     """One of several frontends (issue 33, item 1): this stream owns the requests it submits
     and gets only their tokens, offloads and drops (and every state report); its Hello
-    cancels only its own unlisted requests and its end cancels the rest of its own.
+    cancels only its own unlisted requests and its end cancels the rest of its own
+    (unless it sent `detach` first: a clean stop leaves them for the next frontend).
     False: the one gateway (the newest stream wins and owns every request).
     """
     router: _builtins.bool

@@ -289,7 +289,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         q: OutQueue,
     ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
         """One of several frontends' streams, or the router's (``Streams``, issue 33): a
-        frontend's end cancels its requests here (its clients are gone with it)."""
+        frontend's end cancels its requests here (its clients are gone with it), unless it
+        detached first (a clean stop: ``detach``)."""
         fid = hello.gateway_id
         if hello.router:
             self.streams.routers.append(q)
