@@ -152,11 +152,21 @@ def _wait(backend: str) -> list[str]:
 
 
 def _scheduler_args(desc: Description, iid: str, role: str, executor: str,
-                    backend: str) -> list[str]:
+                    backend: str, advertise: str) -> list[str]:
+    """A scheduler's command; ``advertise``: the name the gateway dials it by, which it
+    registers in Redis (the gateway follows the registry: issue 34, item 2)."""
     d = desc.deployment
     return ["sloserve.services.scheduler", "--host", "0.0.0.0", "--port", str(SCHEDULER_PORT),
-            "--instance-id", iid, "--role", role, "--policy", d.policy,
-            "--num-hp", str(d.hp_instances), *_wait(backend), "--executor", executor]
+            "--advertise", advertise, "--instance-id", iid, "--role", role,
+            "--policy", d.policy, "--num-hp", str(d.hp_instances), *_wait(backend),
+            "--executor", executor]
+
+
+def _gateway_registry(desc: Description) -> list[str]:
+    """The gateway learns the schedulers from the registry in Redis (no fixed list): it
+    serves once every instance of the description has registered, and follows joins and
+    leaves from there."""
+    return ["--min-instances", str(len(desc.pairs()))]
 
 
 # every block written out (no ``&id001`` anchors): the file reads as rendered
@@ -230,28 +240,27 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
                              ["sloserve.services.perfmodel", "--host", "0.0.0.0", "--port",
                               str(PERFMODEL_PORT)], depends_on=redis_ok),
     }
-    schedulers = []
     for k, iid, role in desc.pairs():
         services[f"executor-{iid}"] = service(
             desc.images["executor"], _executor_args(desc, k, "0.0.0.0", desc.backend),
             depends_on=redis_ok, healthcheck=grpc_health(EXECUTOR_PORT))
         services[f"scheduler-{iid}"] = service(
             desc.images["service"],
-            _scheduler_args(desc, iid, role, f"executor-{iid}:{EXECUTOR_PORT}", desc.backend),
+            _scheduler_args(desc, iid, role, f"executor-{iid}:{EXECUTOR_PORT}", desc.backend,
+                            f"scheduler-{iid}"),
             depends_on={f"executor-{iid}": {"condition": "service_healthy"}},
             healthcheck=grpc_health(SCHEDULER_PORT))
-        schedulers.append(f"{iid}=scheduler-{iid}:{SCHEDULER_PORT}")
     gateway = service(
         desc.images["service"],
         ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
-         "--http-port", str(HTTP_PORT), *_wait(desc.backend),
-         *[a for s in schedulers for a in ("--scheduler", s)]],
+         "--http-port", str(HTTP_PORT), *_wait(desc.backend), *_gateway_registry(desc)],
         networks=["backend", "front"],
         ports=[f"127.0.0.1:${{SLOSERVE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}",
                f"127.0.0.1:${{SLOSERVE_HTTP_PORT:-{HTTP_PORT}}}:{HTTP_PORT}"],
-        depends_on={f"scheduler-{iid}": {"condition": "service_healthy"}
-                    for _, iid, _ in desc.pairs()})
+        depends_on={**redis_ok, **{f"scheduler-{iid}": {"condition": "service_healthy"}
+                                   for _, iid, _ in desc.pairs()}})
     gateway["environment"] = {
+        "REDIS_URL": env["REDIS_URL"],  # the registry: which schedulers there are
         "SLOSERVE_INTERNAL_TOKEN": env["SLOSERVE_INTERNAL_TOKEN"],
         "SLOSERVE_API_KEYS": "${SLOSERVE_API_KEYS:-}", DEPLOYMENT_ENV: dep}
     services["gateway"] = gateway
@@ -362,7 +371,6 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             [internal_mount])], [internal_volume]),
     ]
     gpu = {"nvidia.com/gpu": "1"} if gpu_variant else {}
-    schedulers = []
     start = 0
     for role in ("lp", "hp"):
         ids = [iid for _, iid, r in desc.pairs() if r == role]
@@ -379,7 +387,8 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
             [internal_mount])
         scheduler = container(
             "scheduler", images["service"],
-            _scheduler_args(desc, "$(POD_NAME)", role, f"127.0.0.1:{EXECUTOR_PORT}", backend),
+            _scheduler_args(desc, "$(POD_NAME)", role, f"127.0.0.1:{EXECUTOR_PORT}", backend,
+                            "$(POD_NAME).instance"),
             [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
              *redis_env, *internal_env], SCHEDULER_PORT, _k8s_probe(SCHEDULER_PORT, False),
             {"cpu": "250m", "memory": "512Mi"}, {"cpu": "1", "memory": "1Gi"},
@@ -388,26 +397,21 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         docs.append(workload("StatefulSet", name, {"app": "instance", "role": role},
                              [executor, scheduler], [internal_volume], serviceName="instance",
                              replicas=len(ids), ordinals={"start": start}))
-        schedulers += [f"{name}-{start + i}={name}-{start + i}.instance:{SCHEDULER_PORT}"
-                       for i in range(len(ids))]
         start += len(ids)
     docs += [
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "instance"},
          "spec": {"clusterIP": "None", "selector": {"app": "instance"},
                   "ports": [{"port": SCHEDULER_PORT}]}},
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sloserve"},
-         "data": {"schedulers": ",".join(schedulers),
-                  "deployment": _deployment_json(desc, slo_env=False)}},
+         "data": {"deployment": _deployment_json(desc, slo_env=False)}},
     ]
     gateway = container(
         "gateway", images["service"],
         ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
          "--http-port", str(HTTP_PORT), "--tls-cert", f"{PUBLIC_DIR}/tls.crt",
-         "--tls-key", f"{PUBLIC_DIR}/tls.key", *_wait(backend),
-         "--scheduler", "$(SLOSERVE_SCHEDULERS)"],
-        [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV],
+         "--tls-key", f"{PUBLIC_DIR}/tls.key", *_wait(backend), *_gateway_registry(desc)],
+        [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV], *redis_env,
          _secret_env("SLOSERVE_API_KEYS", "api-keys"),
-         _config_env("SLOSERVE_SCHEDULERS", "schedulers"),
          _config_env(DEPLOYMENT_ENV, "deployment")],
         None, _k8s_probe(GATEWAY_PORT, True),
         {"cpu": "250m", "memory": "512Mi"}, {"cpu": "2", "memory": "1Gi"},
@@ -528,7 +532,7 @@ def _network_policies() -> list[dict[str, Any]]:
         policy("scheduler-from-gateway", "instance",
                [{"from": pods("gateway"), "ports": [{"port": SCHEDULER_PORT}]}]),
         policy("redis-from-services", "redis",  # and from its own pods: replication
-               [{"from": pods("instance", "perfmodel", "redis"),
+               [{"from": pods("instance", "perfmodel", "gateway", "redis"),
                  "ports": [{"port": REDIS_PORT}, {"port": SENTINEL_PORT}]}]),
     ]
 
@@ -550,7 +554,9 @@ _K8S_NOTES = """\
 # use redis+sentinel://, so a dead master's replica is promoted and they follow it.
 # Probes run the gRPC health check inside the container with its credentials (the
 # kubelet's gRPC probe speaks no TLS). NetworkPolicies deny all ingress but clients ->
-# gateway, gateway -> schedulers, instances and perf model -> Redis (a CNI
-# that enforces them: Calico, Cilium, ...). Scaling instances: edit the description
-# and render again (the gateway's scheduler list is in the `sloserve` ConfigMap).
+# gateway, gateway -> schedulers, instances, perf model and gateway -> Redis (a CNI
+# that enforces them: Calico, Cilium, ...). Scaling instances: each scheduler registers
+# in Redis under its pod's name ($(POD_NAME).instance) and the gateway follows the
+# registry: a pod that comes or goes (rescheduled, a StatefulSet scaled) joins or leaves
+# the gateway's instances (--min-instances is only how many it waits for at start).
 """

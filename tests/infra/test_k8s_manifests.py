@@ -1,7 +1,7 @@
 """infra/k8s (CPU) and infra/k8s/gpu (``render --gpu-variant``) against the Kubernetes 1.37
 schemas (``kubernetes-validate``, which ships them), plus what the schemas cannot say:
-pinned images, probes and resources on every container, the gateway's scheduler list
-from the ConfigMap, the OpenAI port exposed."""
+pinned images, probes and resources on every container, the gateway following the
+instance registry in Redis, the OpenAI port exposed."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-
-from sloserve.services.gateway.server import parse_schedulers
 
 K8S = Path(__file__).resolve().parents[2] / "infra" / "k8s"
 K8S_VERSION = "1.37.0"
@@ -83,18 +81,30 @@ def test_every_container_has_a_pinned_image_probes_and_resources(
                       for c in containers}
 
 
-def test_the_gateway_reads_its_schedulers_from_the_configmap_and_serves_openai_on_8000(
+def test_the_gateway_follows_the_registry_in_redis_and_serves_openai_on_8000(
         manifests: list[dict[str, Any]]) -> None:
+    """No scheduler list: each scheduler registers in Redis under the name its pod is
+    dialled by (``$(POD_NAME).instance``); the gateway reads the registry (REDIS_URL) and
+    waits for every instance of the description at start (issue 34, item 2)."""
     by = {(d["kind"], d["metadata"]["name"]): d for d in manifests}
     gateway = by["Deployment", "gateway"]["spec"]["template"]["spec"]["containers"][0]
-    assert "$(SLOSERVE_SCHEDULERS)" in gateway["args"]
-    assert not [a for a in gateway["args"] if "instance-0" in a]  # nothing hard-coded
+    assert "--scheduler" not in gateway["args"]
+    assert not [a for a in gateway["args"] if "instance-" in a]  # nothing hard-coded
     env = {e["name"]: e for e in gateway["env"]}
-    assert env["SLOSERVE_SCHEDULERS"]["valueFrom"]["configMapKeyRef"]["name"] == "sloserve"
-    schedulers = parse_schedulers([by["ConfigMap", "sloserve"]["data"]["schedulers"]])
-    replicas = by["StatefulSet", "instance-lp"]["spec"]["replicas"]
-    assert schedulers == {f"instance-lp-{k}": f"instance-lp-{k}.instance:50071"
-                          for k in range(replicas)}
+    assert env["REDIS_URL"]["value"].startswith("redis+sentinel://")
+    assert "schedulers" not in by["ConfigMap", "sloserve"]["data"]
+    replicas = sum(by["StatefulSet", f"instance-{r}"]["spec"]["replicas"]
+                   for r in ("lp", "hp") if ("StatefulSet", f"instance-{r}") in by)
+    assert gateway["args"][gateway["args"].index("--min-instances") + 1] == str(replicas)
+    pods = [d for k, d in by.items() if k[0] == "StatefulSet" and k[1].startswith("instance-")]
+    for sts in pods:
+        sched = next(c for c in sts["spec"]["template"]["spec"]["containers"]
+                     if c["name"] == "scheduler")
+        args = sched["args"]
+        assert args[args.index("--advertise") + 1] == "$(POD_NAME).instance"
+        assert args[args.index("--instance-id") + 1] == "$(POD_NAME)"
+    redis_from = by["NetworkPolicy", "redis-from-services"]["spec"]["ingress"][0]["from"]
+    assert {"podSelector": {"matchLabels": {"app": "gateway"}}} in redis_from
     assert gateway["args"][gateway["args"].index("--http-port") + 1] == "8000"
     assert {p["port"] for p in by["Service", "gateway"]["spec"]["ports"]} == {50051, 8000}
     ingress = by["NetworkPolicy", "gateway-from-clients"]["spec"]["ingress"][0]["ports"]
@@ -129,7 +139,7 @@ def test_redis_runs_with_sentinel_and_every_service_follows_the_master_through_i
     assert "replicaof $master 6379" in init
     sentinels = ",".join(f"redis-{k}.redis:26379" for k in range(3))
     for c in _containers(manifests):
-        if c["name"] in ("redis", "sentinel", "gateway"):
+        if c["name"] in ("redis", "sentinel"):
             continue
         env = {e["name"]: e.get("value") for e in c["env"]}
         assert env["REDIS_URL"] == f"redis+sentinel://:$(REDIS_PASSWORD)@{sentinels}/sloserve/0"

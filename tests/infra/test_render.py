@@ -73,18 +73,22 @@ def test_a_four_instance_deployment_renders_four_scheduler_executor_pairs() -> N
         assert sched[sched.index("--role") + 1] == iid[:2]
         ex = services[f"executor-{iid}"]["command"]
         assert ex[ex.index("--instance") + 1] == str(k)  # noise stream k, as `up`
-    gw = services["gateway"]["command"]
-    assert [gw[i + 1] for i, a in enumerate(gw) if a == "--scheduler"] == [
-        f"{i}=scheduler-{i}:50071" for i in ids]
+    gw = services["gateway"]["command"]  # the registry, not a fixed list (issue 34, item 2)
+    assert "--scheduler" not in gw and gw[gw.index("--min-instances") + 1] == "4"
+    assert "REDIS_URL" in services["gateway"]["environment"]
+    for iid in ids:  # each scheduler registers the name the gateway dials it by
+        sched = services[f"scheduler-{iid}"]["command"]
+        assert sched[sched.index("--advertise") + 1] == f"scheduler-{iid}"
     docs = _docs(render_k8s(desc)["sloserve.yaml"])
     sets = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "StatefulSet"
             and d["metadata"]["name"] != "redis"}
     assert {n: (s["replicas"], s["ordinals"]["start"]) for n, s in sets.items()} == {
         "instance-lp": (2, 0), "instance-hp": (2, 2)}
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
-    assert config["schedulers"].split(",") == [
-        f"instance-{r}-{k}=instance-{r}-{k}.instance:50071"
-        for k, r in enumerate(["lp", "lp", "hp", "hp"])]
+    assert "schedulers" not in config  # the gateway follows the registry in Redis
+    for role in ("lp", "hp"):
+        sched = next(c for c in _containers(docs)[f"instance-{role}"] if c["name"] == "scheduler")
+        assert sched["args"][sched["args"].index("--advertise") + 1] == "$(POD_NAME).instance"
     for d in docs:
         kubernetes_validate.validate(d, K8S_VERSION, strict=True)
 

@@ -69,3 +69,38 @@ def test_router_answers_each_frontend_with_the_simulators_controller_decisions()
         assert _drain(qa) == [("r5", "hp2", "ticket")]
 
     asyncio.run(run())
+
+
+def test_router_tells_frontends_of_joins_before_dispatches_and_of_leaves_after_reruns() -> None:
+    """Membership on the Control stream (``InstanceEvent``): a frontend hears of a joined
+    instance before the first Dispatch to it, and of a departed one after the re-runs of
+    its requests; a restored request a frontend adopted (``placed``) is re-run to it."""
+
+    async def run() -> None:
+        roles = [("lp0", "lp"), ("lp1", "lp")]
+        svc = RouterService(Controller(roles), {i: "127.0.0.1:1" for i, _ in roles})
+        qa: asyncio.Queue[router_pb2.RouterOutput | None] = asyncio.Queue()
+        svc.frontends["a"] = qa
+        st = scheduler_pb2.SchedulerStatus(instance_id="lp2", role="lp")
+        svc.join("lp2", "127.0.0.1:2", st)
+        for rid in ("r1", "r2", "r3"):
+            svc.route("a", _ask(rid))
+        svc.placed("a", router_pb2.Placement(request_id="old", instance_id="lp2", started=True))
+        svc.leave("lp2", "deregistered")
+        msgs = []
+        while not qa.empty():
+            m = qa.get_nowait()
+            assert m is not None
+            msgs += [("join", e.instance_id) for e in m.instances if not e.left]
+            msgs += [("dispatch", a.request_id, a.instance_id, a.cause) for a in m.actions]
+            msgs += [("left", e.instance_id) for e in m.instances if e.left]
+        on_lp2 = [m for m in msgs if m[0] == "dispatch" and m[2] == "lp2"]
+        assert on_lp2 and msgs.index(("join", "lp2")) < msgs.index(on_lp2[0])
+        reruns = [m for m in msgs if m[0] == "dispatch" and m[3] == "rerun"]
+        assert {m[1] for m in reruns} == {on_lp2[0][1], "old"}  # its own and the adopted
+        assert msgs[-1] == ("left", "lp2")  # after the re-runs
+        assert "lp2" not in svc.links and "lp2" not in svc.ctl.waiting_prefills
+        for t in [t for ts in svc.tasks.values() for t in ts]:
+            t.cancel()
+
+    asyncio.run(run())

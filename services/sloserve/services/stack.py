@@ -311,26 +311,27 @@ class Stack:
                    repr(kl.token_rate), "--key-token-burst", repr(kl.token_burst)]
         if c.tls_cert and c.tls_key:
             gw += ["--tls-cert", c.tls_cert, "--tls-key", c.tls_key]
+        # the gateway (or the router of several frontends) learns the schedulers from the
+        # registry in Redis, where each registers itself (issue 34, item 2); it serves once
+        # all of this stack's are known, and follows joins and leaves from there
+        registry = ["--prefix", self.prefix, "--min-instances", str(len(scheds) // 2)]
         if c.frontends == 1:
-            # the gateway learns the schedulers from the registry in Redis, where each
-            # registers itself (issue 34, item 2); it serves once all of this stack's are known
             self._add("gateway", self._module(
-                "gateway", c.gateway_port, *gw, "--prefix", self.prefix, "--min-instances",
-                str(len(scheds) // 2), *self._decision_log("gateway")),
+                "gateway", c.gateway_port, *gw, *registry, *self._decision_log("gateway")),
                 f"{c.host}:{c.gateway_port}", "gateway")
             return
-        # several frontends and their router take the schedulers as a fixed list
-        self._plan_frontends([*gw, *scheds], scheds, wait, dep.to_json())
+        self._plan_frontends(gw, registry, wait, dep.to_json())
 
-    def _plan_frontends(self, gw: list[str], scheds: list[str], wait: list[str],
+    def _plan_frontends(self, gw: list[str], registry: list[str], wait: list[str],
                         deployment: str) -> None:
-        """``--frontends N`` (issue 33): the router (the one Controller, its decision log
-        ``router.jsonl``) and N frontends on the public ports; each also listens alone on a
-        private port, which ``up`` checks its health on."""
+        """``--frontends N`` (issue 33): the router (the one Controller, following the
+        registry; its decision log ``router.jsonl``) and N frontends on the public ports,
+        which take the instances from the router; each also listens alone on a private
+        port, which ``up`` checks its health on."""
         c, h = self.cfg, INTERNAL_HOST
         pr = self._port(h)
         self._add("router", self._module(
-            "router", pr, *scheds, *wait, "--deployment", deployment,
+            "router", pr, *registry, *wait, "--deployment", deployment,
             *self._decision_log("router")), f"{h}:{pr}", "router")
         for k in range(c.frontends):
             own = self._port(c.host)
@@ -369,16 +370,16 @@ class Stack:
         try:
             # the gateway asks every scheduler for its Status as it starts, and a scheduler
             # is ready only once its executor is (a vllm executor loads for ~a minute)
+            # the router (several frontends) reads the registry as the gateway does: after
+            # the schedulers, whose entries may still name a crashed run's addresses
             public = [n for n in self.services if n.split("-")[0] == "gateway"]
-            backends = [n for n in self.services if n not in public]
-            for name in backends:
-                self.spawn(name)
-            for name in backends:
-                self._wait_started(name, time.monotonic() + timeout)
-            for name in public:
-                self.spawn(name)
-            for name in public:
-                self._wait_started(name, time.monotonic() + timeout)
+            router = [n for n in self.services if n == "router"]
+            backends = [n for n in self.services if n not in public and n not in router]
+            for group in (backends, router, public):
+                for name in group:
+                    self.spawn(name)
+                for name in group:
+                    self._wait_started(name, time.monotonic() + timeout)
         except BaseException:
             self.stop()
             raise
@@ -463,9 +464,11 @@ class Stack:
         # the gateway first: a scheduler stopped (deregistered) while a gateway still
         # follows the registry would have its requests moved to the others, themselves
         # stopping; with no gateway connected a scheduler's drain ends at once
+        # (with several frontends: every frontend and the router, which follows the
+        # registry; a frontend's clean stop leaves its requests for the next to adopt)
         procs = [s.proc for s in reversed(self.services.values()) if s.proc is not None]
-        gateway = self.services.get("gateway")
-        first = [gateway.proc] if gateway is not None and gateway.proc is not None else []
+        first = [s.proc for n, s in self.services.items() if s.proc is not None
+                 and (n == "router" or n.split("-")[0] == "gateway")]
         for group in (first, [p for p in procs if p not in first]):
             for p in group:
                 if p.poll() is None:

@@ -6,12 +6,17 @@ The router holds the one core Controller; a frontend asks it once per request
 (route), reports what a scheduler took off an instance (scheduled) and cancels;
 the router answers with the Controller's actions for that frontend's requests,
 and pushes re-runs after an instance is lost. No token crosses the router.
+The router follows the instance registry in Redis (joins, leaves) and pushes the
+membership on the same stream (InstanceEvent), ordered with the actions: a frontend
+hears of an instance before any Dispatch to it, and of its leaving after the re-runs
+of its requests, so it opens and closes its own scheduler streams from it.
 """
 
 from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from sloserve.v1 import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -183,6 +188,7 @@ class RouterInput(_message.Message):
     ROUTE_FIELD_NUMBER: _builtins.int
     SCHEDULED_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    PLACED_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     cancel: _builtins.str
     """request id: the client went away or the request ended early"""
@@ -194,6 +200,10 @@ class RouterInput(_message.Message):
     def route(self) -> Global___RouteAsk: ...
     @_builtins.property
     def scheduled(self) -> Global___Scheduled: ...
+    @_builtins.property
+    def placed(self) -> Global___Placement:
+        """a restored request this frontend adopted (it owns it now)"""
+
     def __init__(
         self,
         *,
@@ -201,13 +211,14 @@ class RouterInput(_message.Message):
         route: Global___RouteAsk | None = ...,
         scheduled: Global___Scheduled | None = ...,
         cancel: _builtins.str = ...,
+        placed: Global___Placement | None = ...,
         time: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "route", b"route", "scheduled", b"scheduled"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "placed", b"placed", "route", b"route", "scheduled", b"scheduled"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "route", b"route", "scheduled", b"scheduled", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "placed", b"placed", "route", b"route", "scheduled", b"scheduled", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "route", "scheduled", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "route", "scheduled", "cancel", "placed"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -248,20 +259,69 @@ class RouterAction(_message.Message):
 Global___RouterAction: _TypeAlias = RouterAction  # noqa: Y015
 
 @_typing.final
+class InstanceEvent(_message.Message):
+    """An instance joined (status set: what its scheduler answered the router) or left."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    ADDRESS_FIELD_NUMBER: _builtins.int
+    STATUS_FIELD_NUMBER: _builtins.int
+    LEFT_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    instance_id: _builtins.str
+    address: _builtins.str
+    """host:port of its scheduler, as registered (or --scheduler)"""
+    left: _builtins.bool
+    reason: _builtins.str
+    """left: deregistered | expired | moved"""
+    @_builtins.property
+    def status(self) -> _scheduler_pb2.SchedulerStatus:
+        """joined only"""
+
+    def __init__(
+        self,
+        *,
+        instance_id: _builtins.str = ...,
+        address: _builtins.str = ...,
+        status: _scheduler_pb2.SchedulerStatus | None = ...,
+        left: _builtins.bool = ...,
+        reason: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["status", b"status"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["address", b"address", "instance_id", b"instance_id", "left", b"left", "reason", b"reason", "status", b"status"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___InstanceEvent: _TypeAlias = InstanceEvent  # noqa: Y015
+
+@_typing.final
 class RouterOutput(_message.Message):
+    """In order: joins, then actions, then leaves. snapshot: `instances` is the whole
+    membership (the first message on every Control stream): a frontend closes the rest.
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     ACTIONS_FIELD_NUMBER: _builtins.int
+    INSTANCES_FIELD_NUMBER: _builtins.int
+    SNAPSHOT_FIELD_NUMBER: _builtins.int
+    snapshot: _builtins.bool
     @_builtins.property
     def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouterAction]: ...
+    @_builtins.property
+    def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstanceEvent]: ...
     def __init__(
         self,
         *,
         actions: _abc.Iterable[Global___RouterAction] | None = ...,
+        instances: _abc.Iterable[Global___InstanceEvent] | None = ...,
+        snapshot: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "instances", b"instances", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -6,6 +6,10 @@ The router holds the one core Controller; a frontend asks it once per request
 (route), reports what a scheduler took off an instance (scheduled) and cancels;
 the router answers with the Controller's actions for that frontend's requests,
 and pushes re-runs after an instance is lost. No token crosses the router.
+The router follows the instance registry in Redis (joins, leaves) and pushes the
+membership on the same stream (InstanceEvent), ordered with the actions: a frontend
+hears of an instance before any Dispatch to it, and of its leaving after the re-runs
+of its requests, so it opens and closes its own scheduler streams from it.
 """
 
 from collections import abc as _abc

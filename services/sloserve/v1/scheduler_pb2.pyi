@@ -32,7 +32,8 @@ class Hello(_message.Message):
     frontend: _builtins.bool
     """One of several frontends (issue 33, item 1): this stream owns the requests it submits
     and gets only their tokens, offloads and drops (and every state report); its Hello
-    cancels only its own unlisted requests and its end cancels the rest of its own.
+    cancels only its own unlisted requests and its end cancels the rest of its own
+    (unless it sent `detach` first: a clean stop leaves them for the next frontend).
     False: the one gateway (the newest stream wins and owns every request).
     """
     router: _builtins.bool
@@ -64,8 +65,14 @@ class SchedulerInput(_message.Message):
     HELLO_FIELD_NUMBER: _builtins.int
     SUBMIT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
+    DETACH_FIELD_NUMBER: _builtins.int
     cancel: _builtins.str
     """request id"""
+    detach: _builtins.bool
+    """A frontend of several stopping cleanly (a whole-stack stop): its requests run on,
+    unowned, and are offered to the next frontend that connects (as restored ones),
+    instead of cancelled when its stream ends (a frontend's death).
+    """
     @_builtins.property
     def hello(self) -> Global___Hello: ...
     @_builtins.property
@@ -76,12 +83,13 @@ class SchedulerInput(_message.Message):
         hello: Global___Hello | None = ...,
         submit: _common_pb2.RequestSpec | None = ...,
         cancel: _builtins.str = ...,
+        detach: _builtins.bool = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "submit", "cancel"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "submit", "cancel", "detach"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

@@ -7,6 +7,12 @@ frontend carries them out
 (``location``: which scheduler to cancel on, whose tokens to take) and which have their
 first token (its ``RouterHello`` after a reconnect says so). While the router is out of
 reach a new request is dropped at once (the client may retry on another frontend).
+
+Membership is the router's too: it follows the registry, and its stream says which
+instances there are (``InstanceEvent``: a snapshot first on every connection, then each
+join and leave, in order with the actions), which ``on_instances`` opens and closes the
+frontend's scheduler streams from. A restored request the frontend adopts is reported
+(``placed``): the router's Controller places it as the one gateway's does.
 """
 
 from __future__ import annotations
@@ -31,9 +37,12 @@ class RouterClient:
     prefix_router: PrefixRouter | None = None  # the router's; the frontend only hashes
 
     def __init__(
-        self, target: str, frontend_id: str, on_actions: Callable[[list[tuple[Action, int]]], None]
+        self, target: str, frontend_id: str, on_actions: Callable[[list[tuple[Action, int]]], None],
+        on_instances: Callable[[router_pb2.RouterOutput], None] | None = None,
     ) -> None:
         self.frontend_id, self._on_actions = frontend_id, on_actions
+        self.on_instances = on_instances  # membership news (None: kept in ``snapshot``)
+        self.snapshot: dict[str, router_pb2.InstanceEvent] = {}  # the first one received
         self.location: dict[str, str] = {}  # this frontend's requests only
         self.started: set[str] = set()  # ... that have their first token
         self.pending: set[str] = set()  # asked, not yet answered
@@ -99,6 +108,21 @@ class RouterClient:
     def on_instance_back(self, instance_id: str, now: float) -> None:
         """The router watches health."""
 
+    def on_instance_joined(self, instance_id: str, role: str, now: float) -> None:
+        """The router's news (it took the instance in before telling us)."""
+
+    def on_instance_left(self, instance_id: str, now: float) -> list[Action]:
+        return []  # the router sent the re-runs of our requests there before the leave
+
+    def on_restored(self, request_id: str, instance_id: str, now: float) -> None:
+        """A restored request this frontend adopted: the router places it (as
+        ``Controller.on_restored``: no ticket)."""
+        self.location[request_id] = instance_id
+        self.started.add(request_id)
+        placed = router_pb2.Placement(request_id=request_id, instance_id=instance_id,
+                                      started=True)
+        self._send(router_pb2.RouterInput(placed=placed, time=now))
+
     # --- the stream ---------------------------------------------------------------------
     def placed(self, action: Action) -> None:
         """Mirror one of the router's actions on a request this frontend still holds."""
@@ -136,12 +160,17 @@ class RouterClient:
             self._q = q
             try:
                 async for out in self.stub.Control(_drain(q)):
+                    if out.instances or out.snapshot:
+                        self._instances(out)
                     if not self.connected.is_set():
                         self.connected.set()
                         backoff = 0.05
-                        self.log.info("router_connected", inflight=len(hello.inflight))
+                        self.log.info("router_connected", inflight=len(hello.inflight),
+                                      instances=len(out.instances))
                     if out.actions:
                         self._on_actions([(_action(a), a.num_offloads) for a in out.actions])
+                    if self.on_instances is not None and any(e.left for e in out.instances):
+                        self.on_instances(_leaves(out))
             except grpc.aio.AioRpcError as exc:
                 self.log.warning("router_stream_broken", code=exc.code().name)
             finally:
@@ -153,6 +182,30 @@ class RouterClient:
                 self._on_actions([(Drop(r, ROUTER_DOWN), 0) for r in lost])
             await asyncio.sleep(backoff)
             backoff = min(MAX_BACKOFF_S, backoff * 2)
+
+
+    def _instances(self, out: router_pb2.RouterOutput) -> None:
+        """Joins (or a snapshot) before the actions of the same message; leaves after.
+        Before the frontend is built (``on_instances`` None) they make ``snapshot``."""
+        if self.on_instances is None:
+            if out.snapshot:
+                self.snapshot = {}
+            for e in out.instances:
+                if e.left:
+                    self.snapshot.pop(e.instance_id, None)
+                else:
+                    self.snapshot[e.instance_id] = e
+            return
+        if out.snapshot or any(not e.left for e in out.instances):
+            joins = router_pb2.RouterOutput(snapshot=out.snapshot)
+            joins.instances.extend(e for e in out.instances if not e.left)
+            self.on_instances(joins)
+
+
+def _leaves(out: router_pb2.RouterOutput) -> router_pb2.RouterOutput:
+    leaves = router_pb2.RouterOutput()
+    leaves.instances.extend(e for e in out.instances if e.left)
+    return leaves
 
 
 def _action(a: router_pb2.RouterAction) -> Action:

@@ -4,7 +4,10 @@ The gateway's request path (``gateway.server.GatewayService``: validate, tokeniz
 detokenize, stop strings, auth, per-key limits, the gRPC and OpenAI HTTP APIs) with no
 routing state: its ``Placement`` is a ``RouterClient`` that asks the router once per
 request. Its own ``Connect`` stream to each scheduler (``Hello.frontend``) carries its
-requests' tokens straight to it. Every frontend listens on the same public gRPC and HTTP
+requests' tokens straight to it. Which schedulers there are is the router's news (it
+follows the registry in Redis): the frontend opens a stream to each instance the router
+lists and closes it when the router says it left; it reads no registry and takes no
+``--scheduler`` list of its own. Every frontend listens on the same public gRPC and HTTP
 ports (SO_REUSEPORT, as vLLM's ``--api-server-count``): the kernel spreads connections
 over them, and a dead one's port stays served by the others. ``--private-port``: this
 process alone (``up``'s health checks tell the frontends apart by it).
@@ -16,6 +19,7 @@ import argparse
 import asyncio
 import socket
 import time
+import uuid
 
 from fastapi import FastAPI
 
@@ -25,7 +29,7 @@ from sloserve.services.frontend.router_client import RouterClient
 from sloserve.services.gateway import server as gateway
 from sloserve.services.gateway.server import GatewayService
 from sloserve.services.memtrim import trim_when_grown
-from sloserve.services.proto import SERVICE_NAMES, gateway_grpc
+from sloserve.services.proto import SERVICE_NAMES, gateway_grpc, router_pb2
 from sloserve.services.tls import ServerTLS
 
 BACKLOG = 2048
@@ -51,6 +55,28 @@ class FrontendService(GatewayService):
             self.ctl.placed(action)
             todo.append(action)
         self._carry_out(todo, now)
+
+    def on_instances(self, out: router_pb2.RouterOutput) -> None:
+        """The router's membership news: open a stream to each instance it took in, close
+        the one of each that left (its requests here were re-run before: the router sends
+        the re-runs first); a snapshot closes every instance it does not list."""
+        if out.snapshot:
+            listed = {e.instance_id for e in out.instances}
+            for iid in [i for i in self.links if i not in listed]:
+                self.leave(iid, "not in the router's snapshot")
+        for e in out.instances:
+            iid = e.instance_id
+            if e.left:
+                self.leave(iid, e.reason)
+                continue
+            if iid in self.links and self.addresses.get(iid) != e.address:
+                self.leave(iid, "moved")
+            if iid not in self.links:
+                self.join(iid, e.address, e.status)
+
+    def start_links(self, iid: str) -> None:
+        """Only the scheduler stream: the router watches every instance's health."""
+        self.tasks[iid] = [asyncio.create_task(self.links[iid].run())]
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -94,34 +120,42 @@ async def serve_http(app: FastAPI, sock: socket.socket, tls: ServerTLS | None) -
 
 
 async def serve(args: argparse.Namespace) -> None:
-    st = await gateway.setup(args)
+    if args.scheduler:
+        raise SystemExit("frontend: --scheduler: a frontend takes its instances from the "
+                         "router (give --scheduler to the router)")
+    st = await gateway.setup(args, find=False)
     http_sock = (
         reuse_port_socket(args.http_host or args.host, args.http_port) if args.http_port else None
     )
-    client: RouterClient | None = None
     svc: FrontendService | None = None
 
     def on_router(actions: list[tuple[Action, int]]) -> None:
-        assert svc is not None
-        svc.on_router(actions)
+        if svc is not None:
+            svc.on_router(actions)
 
-    client = RouterClient(args.router, "", on_router)
-    svc = FrontendService(client, st.statuses, st.addresses, st.defaults, None, False, st.inputs)
     # its id on every stream (schedulers and router: what it owns)
-    frontend_id = client.frontend_id = svc.gateway_id = f"frontend-{args.index}-{svc.gateway_id}"
-    for link in svc.links.values():
-        link.gateway_id = frontend_id
-    svc.hash_unit = (
-        next(iter(st.statuses.values())).executor.block_size if st.dep.prefix_routing else None
-    )
-    gateway.configure(svc, st, args)
+    frontend_id = f"frontend-{args.index}-{uuid.uuid4().hex[:8]}"
+    client = RouterClient(args.router, frontend_id, on_router)
     tasks = [asyncio.create_task(client.run())]
-    try:  # serve only once the router answers (up starts it first)
+    try:  # serve only once the router answers (up starts it first): it lists the instances
         await asyncio.wait_for(client.connected.wait(), args.connect_timeout)
     except TimeoutError:
         raise SystemExit(
             f"frontend: the router at {args.router} did not answer in {args.connect_timeout:g} s"
         ) from None
+    if not client.snapshot:
+        raise SystemExit(f"frontend: the router at {args.router} lists no instance")
+    st.addresses = {i: e.address for i, e in client.snapshot.items()}
+    st.statuses = {i: e.status for i, e in client.snapshot.items()}
+    svc = FrontendService(client, st.statuses, st.addresses, st.defaults, None, False, st.inputs)
+    svc.gateway_id = frontend_id
+    for link in svc.links.values():
+        link.gateway_id = frontend_id
+    client.on_instances = svc.on_instances  # no await since the snapshot: nothing missed
+    svc.hash_unit = (
+        next(iter(st.statuses.values())).executor.block_size if st.dep.prefix_routing else None
+    )
+    gateway.configure(svc, st, args)
     server, _ = await rpc.start_server(
         args.host,
         args.port,
@@ -136,7 +170,8 @@ async def serve(args: argparse.Namespace) -> None:
         private_port=args.private_port,
     )
     obs.start_metrics(args.metrics_port, args.host)
-    tasks += [asyncio.create_task(link.run()) for link in svc.links.values()]
+    for iid in list(svc.links):
+        svc.start_links(iid)
     tasks.append(asyncio.create_task(trim_when_grown(log=svc.log)))
     if http_sock is not None:
         from sloserve.services.gateway.openai_http import build_app
@@ -148,9 +183,23 @@ async def serve(args: argparse.Namespace) -> None:
         http_port=args.http_port,
         frontend=frontend_id,
         router=args.router,
-        instances=list(st.addresses),
+        instances=list(svc.links),
     )
-    await rpc.serve_until_signal(server, tasks)
+    router_task = tasks[0]
+
+    async def leave() -> None:
+        """A clean stop (a whole-stack stop, or ``up`` restarting it) moves and cancels
+        no request: each scheduler is told to keep this frontend's requests for the next
+        frontend to adopt (``SchedulerLink.detach``; their clients may re-attach there, as
+        after the one gateway's stop, issue 34 item 6), then the router stream ends."""
+        for link in svc.links.values():
+            link.detach()
+        links = [t for ts in svc.tasks.values() for t in ts]
+        if links:
+            await asyncio.wait(links, timeout=1.0)
+        router_task.cancel()
+
+    await rpc.serve_until_signal(server, tasks, before_stop=leave)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,6 +51,13 @@ class SchedulerLink:
         if self._q is not None:
             self._q.put_nowait(scheduler_pb2.SchedulerInput(cancel=request_id))
 
+    def detach(self) -> None:
+        """A frontend of several stopping cleanly: its requests there are left for the next
+        frontend (``SchedulerInput.detach``); then the stream ends (``close``)."""
+        if self._q is not None:
+            self._q.put_nowait(scheduler_pb2.SchedulerInput(detach=True))
+        self.close()
+
     def close(self) -> None:
         """The instance left the deployment: send what is queued, end the stream, and
         reconnect no more."""

@@ -42,6 +42,7 @@ from sloserve.routing_prefix import PrefixRouter
 from sloserve.services import auth, deployment_flags, metrics, obs, rpc
 from sloserve.services.argtypes import number
 from sloserve.services.convert import request_of
+from sloserve.services.gateway import membership
 from sloserve.services.gateway.chat import render
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
@@ -68,14 +69,11 @@ from sloserve.services.proto import (
     common_pb2,
     gateway_grpc,
     gateway_pb2,
-    scheduler_grpc,
     scheduler_pb2,
 )
 from sloserve.services.redisconn import connect
 from sloserve.services.registry import (
     DEFAULT_POLL_S,
-    Left,
-    Member,
     Registry,
     Watch,
     announce,
@@ -90,6 +88,7 @@ ARRIVAL_METADATA = "x-sloserve-arrival-time"  # virtual clock only: the conducto
 INLINE_TOKENIZE_CHARS = 16 << 10  # longer prompts are tokenized in a thread
 REATTACH_GRACE_S = 300.0  # a restored request waits this long for its client (Attach)
 ENDED_KEPT = 10_000  # statuses of restored requests that ended unattached, for Attach
+STALE_S = 5.0  # at start, a registered scheduler not answering for this long: look again
 
 
 class GatewayError(Exception):
@@ -241,14 +240,6 @@ class GatewayService(gateway_grpc.GatewayServicer):
             self.inputs,
         )
 
-    def own_controller(self) -> Controller:
-        """The one gateway's own Controller: only it follows the registry (joins, leaves)
-        and adopts restored requests; a frontend of several asks the router (issue 33)."""
-        if not isinstance(self.ctl, Controller):
-            raise RuntimeError("instance joins/leaves and restored requests are the one "
-                               "gateway's (--frontends 1): a frontend's router decides")
-        return self.ctl
-
     def _connect(self, iid: str, address: str) -> None:
         self.links[iid] = SchedulerLink(
             iid, address, self.gateway_id, self.inflight, self.on_output, self.LINK_ROLE
@@ -282,7 +273,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.backends = {st.executor.backend for st in self.statuses.values()}
         self._connect(iid, address)
         self.start_links(iid)
-        self.own_controller().on_instance_joined(iid, st.role, time.time())
+        self.ctl.on_instance_joined(iid, st.role, time.time())
         self.log.info(
             "instance_joined",
             instance=iid,
@@ -299,7 +290,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         if iid not in self.links:
             return
         now = time.time()
-        actions = self.own_controller().on_instance_left(iid, now)
+        actions = self.ctl.on_instance_left(iid, now)
         link = self.links.pop(iid)
         for a in actions:
             if isinstance(a, Dispatch):
@@ -329,34 +320,13 @@ class GatewayService(gateway_grpc.GatewayServicer):
         )
         self._carry_out(actions, now)
 
-    async def follow(self, watch: Watch, timeout: float) -> None:
-        """Carry out the registry's joins and leaves for ever; each join asks the new
-        scheduler for its Status in a task of its own (one that does not answer holds up
-        no other event), which a leave of the same instance cancels."""
-        joining: dict[str, asyncio.Task[None]] = {}
-        async for ev in watch.events():
-            iid = ev.member.id
-            if isinstance(ev, Left):
-                pending = joining.pop(iid, None)
-                if pending is not None:
-                    pending.cancel()
-                self.leave(iid, ev.reason)
-            else:
-                for done in [i for i, t in joining.items() if t.done()]:
-                    del joining[done]
-                joining[iid] = asyncio.create_task(self._join(watch, ev.member, timeout))
+    def is_member(self, instance_id: str) -> bool:
+        return instance_id in self.links
 
-    async def _join(self, watch: Watch, member: Member, timeout: float) -> None:
-        iid = member.id
-        try:
-            st = await _status(member.address, timeout)
-        except grpc.aio.AioRpcError as exc:  # not reachable: looked at again next poll
-            self.log.warning("instance_unreachable", instance=iid, address=member.address,
-                             code=exc.code().name)
-            watch.known.pop(iid, None)
-            return
-        if iid not in self.links:  # else a static --scheduler, or already a member
-            self.join(iid, member.address, st)
+    async def follow(self, watch: Watch, timeout: float) -> None:
+        """Carry out the registry's joins and leaves for ever (``membership.follow``: the
+        router of several frontends runs the same)."""
+        await membership.follow(self, watch, timeout)
 
     # --- carrying out the controller's decisions ---------------------------------
     def _carry_out(self, actions: Iterable[Action], now: float,
@@ -443,8 +413,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
         rid = spec.request_id
         if rid in self.flights or spec.arrival_time >= self.started_at:
             # this gateway accepted it (only a scheduler restarted): it holds it, re-run
-            # elsewhere or sent again by its client, or it has ended; a leftover there
-            if self.ctl.location.get(rid) != instance_id:
+            # elsewhere or sent again by its client, or it has ended; a leftover there.
+            # A frontend of several: one it does not hold is another's, whose Hello
+            # claims it back
+            if self.ctl.location.get(rid) != instance_id and (
+                    self.LINK_ROLE == "gateway" or rid in self.flights):
                 self.links[instance_id].cancel(rid)
             self.log.info("restored_known", request_id=rid, instance=instance_id,
                           at=self.ctl.location.get(rid))
@@ -458,7 +431,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self.flights[rid] = f
         self.ended.pop(rid, None)
         if not f.complete:
-            self.own_controller().on_restored(rid, instance_id, time.time())
+            self.ctl.on_restored(rid, instance_id, time.time())
         self.log.info("request_restored", request_id=rid, instance=instance_id,
                       tokens=f.restored, complete=f.complete)
 
@@ -815,15 +788,7 @@ def _finish_reason(ev: scheduler_pb2.TokenEvent, spec: common_pb2.RequestSpec,
     return "length" if ev.index + 1 >= spec.max_tokens else "stop"
 
 
-async def _status(target: str, timeout: float) -> scheduler_pb2.SchedulerStatus:
-    stub = scheduler_grpc.SchedulerStub(rpc.channel(target))
-
-    async def status() -> scheduler_pb2.SchedulerStatus:
-        st: scheduler_pb2.SchedulerStatus = await stub.Status(
-            scheduler_pb2.StatusRequest(), timeout=2.0)
-        return st
-
-    return await rpc.retry_until_up(status, timeout)
+_status = membership.scheduler_status
 
 
 def parse_schedulers(values: list[str]) -> dict[str, str]:
@@ -862,16 +827,25 @@ class Setup:
     dep: Deployment
     defaults: dict[str, float | None]
     inputs: InputLimits
-    redis: Any  # the registry's (issue 34, item 2)
+    redis: Any  # the registry's (issue 34, item 2); None: a frontend of several
+    watch: Watch | None
+
+
+@dataclass(slots=True)
+class Instances:
+    """The schedulers known at start (``--scheduler`` + the registry) and how to follow
+    the registry from there (``membership.follow``)."""
+
+    addresses: dict[str, str]
+    statuses: dict[str, scheduler_pb2.SchedulerStatus]
+    redis: Any
     watch: Watch
 
 
-async def setup(args: argparse.Namespace) -> Setup:
-    """Check the flags and files (bad ones fail before any connection), then ask every
-    scheduler for its Status."""
-    keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
-    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
-    tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
+async def find_instances(args: argparse.Namespace) -> Instances:
+    """``--scheduler`` (pinned: never reported by the registry) and the registered ones,
+    once ``--min-instances`` are known, each with its Status (the one gateway's start, and
+    the router's)."""
     static = parse_schedulers(args.scheduler or [])
     redis = connect(args.redis_url)
     watch = Watch(
@@ -879,20 +853,41 @@ async def setup(args: argparse.Namespace) -> Setup:
         args.registry_poll,
         pinned=frozenset(static),
     )
-    addresses = {
-        **static,
-        **await _first_members(watch, len(static), args.min_instances, args.connect_timeout),
-    }
-    statuses = dict(zip(addresses, await asyncio.gather(
-        *(_status(a, args.connect_timeout) for a in addresses.values()))))
+    deadline = time.monotonic() + args.connect_timeout
+    statuses = dict(zip(static, await asyncio.gather(
+        *(_status(a, args.connect_timeout) for a in static.values()))))
+    while True:
+        found = await membership.first_members(watch, len(static), args.min_instances,
+                                               max(0.0, deadline - time.monotonic()))
+        try:
+            statuses.update(zip(found, await asyncio.gather(*(
+                _status(a, min(STALE_S, max(0.0, deadline - time.monotonic())))
+                for a in found.values()))))
+            break
+        except grpc.aio.AioRpcError:
+            if time.monotonic() > deadline:
+                raise
+            # a stale entry (its scheduler crashed and restarts elsewhere): its next
+            # heartbeat writes the new address, which the registry is read again for
+    return Instances({**static, **found}, statuses, redis, watch)
+
+
+async def setup(args: argparse.Namespace, find: bool = True) -> Setup:
+    """Check the flags and files (bad ones fail before any connection), then find the
+    schedulers (``find_instances``; a frontend of several: none, the router lists them)."""
+    keys = auth.load_api_keys(args.api_key_file)  # a bad file fails before any connection
+    tenants = KeyLimits(args.max_inflight_per_key, args.key_token_rate, args.key_token_burst)
+    tls = ServerTLS.from_args(args.tls_cert, args.tls_key)  # so do bad certificate files
     dep = deployment_flags.resolve_into(args)  # the SLOs the schedulers were handed too
     defaults = {"ttft_slo": dep.ttft_slo, "tbt_slo": dep.tbt_slo, "jct_slo": None}
     inputs = InputLimits.from_args(args)
     for name, value in defaults.items():
         if value is not None:
             check_slo(f"--{name.replace('_', '-')}", value, inputs)
-    return Setup(frozenset(keys), tenants, tls, addresses, statuses, dep, defaults, inputs,
-                 redis, watch)
+    found = await find_instances(args) if find else None
+    return Setup(frozenset(keys), tenants, tls, found.addresses if found else {},
+                 found.statuses if found else {}, dep, defaults, inputs,
+                 found.redis if found else None, found.watch if found else None)
 
 
 def public_interceptors(keys: frozenset[str]) -> list[grpc.aio.ServerInterceptor]:
@@ -935,6 +930,7 @@ async def serve(args: argparse.Namespace) -> None:
     obs.start_metrics(args.metrics_port, args.host)
     for iid in svc.links:
         svc.start_links(iid)
+    assert st.watch is not None
     follow = asyncio.create_task(svc.follow(st.watch, args.connect_timeout))
     tasks = [follow]
     beat = await announce(st.redis, args, "gateway", log=svc.log)
@@ -966,23 +962,6 @@ async def serve(args: argparse.Namespace) -> None:
     svc.log.info("serving", port=args.port, http_port=args.http_port, instances=list(addresses))
     await rpc.serve_until_signal(server, tasks, before_stop=leave)
     await st.redis.aclose()
-
-
-async def _first_members(watch: Watch, static: int, wanted: int,
-                         timeout: float) -> dict[str, str]:
-    """The schedulers registered once ``wanted`` instances (with the ``static`` ones) are
-    known; none within ``timeout`` s raises naming ``--min-instances``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        await watch.poll()
-        found = {i: m.address for i, m in watch.known.items()}
-        if static + len(found) >= wanted:
-            return found
-        if time.monotonic() > deadline:
-            raise ValueError(f"--min-instances: {static + len(found)} of {wanted} schedulers "
-                             f"registered in Redis ({watch.registry.set_key}) after "
-                             f"{timeout:g} s (--connect-timeout)")
-        await asyncio.sleep(watch.poll_s)
 
 
 AT_LEAST_0, AT_LEAST_0F = number(int, 0, strict=False), number(float, 0, strict=False)

@@ -9,6 +9,14 @@ health; a lost instance's re-runs are pushed to the frontends that own them. So 
 one ticket per HP (§6.1) and round-robin (§4) hold across frontends: one Controller
 decides every route, ticket, offload and drop, the same class the simulator drives.
 No token crosses this process: tokens go from a scheduler to the owning frontend.
+
+Membership (issue 34, item 2, as the one gateway): the router follows the instance
+registry in Redis (``gateway.membership.follow``, the gateway's code path: a join is
+``Controller.on_instance_joined``, a leave ``on_instance_left``) beside any fixed
+``--scheduler`` list, and tells every frontend on its ``Control`` stream
+(``InstanceEvent``): the whole membership first, then each join before any Dispatch to
+the instance, and each leave after the re-runs of its requests, so a frontend opens and
+closes its own scheduler streams from the router's news alone.
 """
 
 from __future__ import annotations
@@ -28,31 +36,111 @@ from sloserve.controller import Action, Controller, Dispatch
 from sloserve.decisions import action_record
 from sloserve.request import Request
 from sloserve.services import deployment_flags, obs, rpc
+from sloserve.services.argtypes import number
+from sloserve.services.gateway import membership
 from sloserve.services.gateway.health_watch import HealthWatch
 from sloserve.services.gateway.links import SchedulerLink
-from sloserve.services.gateway.server import _status, parse_schedulers, prefix_router
+from sloserve.services.gateway.server import find_instances, prefix_router
 from sloserve.services.proto import SERVICE_NAMES, router_grpc, router_pb2, scheduler_pb2
+from sloserve.services.registry import DEFAULT_POLL_S, Watch
 
 OutQueue = asyncio.Queue[router_pb2.RouterOutput | None]
 
 
 class RouterService(router_grpc.RouterServicer):
     def __init__(
-        self, controller: Controller, addresses: dict[str, str], decision_log: IO[str] | None = None
+        self, controller: Controller, addresses: dict[str, str],
+        decision_log: IO[str] | None = None,
+        statuses: dict[str, scheduler_pb2.SchedulerStatus] | None = None,
     ) -> None:
         self.log = obs.setup_logging("router")
         self.ctl, self.decision_log = controller, decision_log
         self.frontends: dict[str, OutQueue] = {}  # frontend id -> its stream's queue
         self.owner: dict[str, str] = {}  # request id -> the frontend that asked
         self.requests: dict[str, Request] = {}  # what the Controller sees, while placed
-        router_id = f"router-{uuid.uuid4().hex[:8]}"
-        self.links = {
-            iid: SchedulerLink(iid, addr, router_id, lambda _: [], self.on_output, "router")
-            for iid, addr in addresses.items()
-        }
-        self.watches = {
-            iid: HealthWatch(iid, addr, self.on_health) for iid, addr in addresses.items()
-        }
+        self.router_id = f"router-{uuid.uuid4().hex[:8]}"
+        self.addresses = dict(addresses)
+        self.statuses = dict(statuses or {})
+        self.links: dict[str, SchedulerLink] = {}
+        self.watches: dict[str, HealthWatch] = {}
+        self.tasks: dict[str, list[asyncio.Task[None]]] = {}  # each instance's link + watch
+        for iid, addr in addresses.items():
+            self._connect(iid, addr)
+
+    def _connect(self, iid: str, address: str) -> None:
+        self.links[iid] = SchedulerLink(
+            iid, address, self.router_id, lambda _: [], self.on_output, "router")
+        self.watches[iid] = HealthWatch(iid, address, self.on_health)
+
+    def start_links(self, iid: str) -> None:
+        """Open ``iid``'s scheduler stream and health watch (in the running loop)."""
+        self.tasks[iid] = [asyncio.create_task(self.links[iid].run()),
+                           asyncio.create_task(self.watches[iid].run())]
+
+    # --- membership (the registry, as the one gateway: gateway.membership) -------------
+    def is_member(self, instance_id: str) -> bool:
+        return instance_id in self.links
+
+    def _event(self, iid: str) -> router_pb2.InstanceEvent:
+        ev = router_pb2.InstanceEvent(instance_id=iid, address=self.addresses.get(iid, ""))
+        if (st := self.statuses.get(iid)) is not None:
+            ev.status.CopyFrom(st)
+        return ev
+
+    def snapshot(self) -> router_pb2.RouterOutput:
+        """The whole membership: the first message on every frontend's stream."""
+        return router_pb2.RouterOutput(
+            snapshot=True, instances=[self._event(i) for i in self.links])
+
+    def _tell_all(self, msg: router_pb2.RouterOutput) -> None:
+        for q in self.frontends.values():
+            q.put_nowait(msg)
+
+    def join(self, iid: str, address: str, st: scheduler_pb2.SchedulerStatus) -> None:
+        """A scheduler registered and answered its Status: the Controller takes it in, then
+        every frontend hears of it (before any Dispatch to it: the same stream)."""
+        models = {s.executor.model for s in self.statuses.values()}
+        if models and st.executor.model not in models:
+            self.log.error("instance_refused", instance=iid, address=address,
+                           reason=f"serves {st.executor.model!r}, this deployment "
+                                  f"{sorted(models)[0]!r}")
+            return
+        self.statuses[iid], self.addresses[iid] = st, address
+        self._connect(iid, address)
+        self.start_links(iid)
+        self.ctl.on_instance_joined(iid, st.role, time.time())
+        self._tell_all(router_pb2.RouterOutput(instances=[self._event(iid)]))
+        self.log.info("instance_joined", instance=iid, address=address, role=st.role,
+                      instances=len(self.links))
+
+    def leave(self, iid: str, reason: str) -> None:
+        """A scheduler left: the Controller's instance-left transition re-runs its
+        requests elsewhere (pushed to their frontends, cancelled there), then every
+        frontend hears it left (after the re-runs: the same stream) and closes its stream."""
+        if iid not in self.links:
+            return
+        now = time.time()
+        actions = self.ctl.on_instance_left(iid, now)
+        link = self.links.pop(iid)
+        for a in actions:
+            if isinstance(a, Dispatch):
+                link.cancel(a.request_id)
+        link.close()
+        self.watches.pop(iid)
+        for t in self.tasks.pop(iid, [])[1:]:  # the health watch; the link ends by itself
+            t.cancel()
+        self.statuses.pop(iid, None)
+        self.addresses.pop(iid, None)
+        self._push(actions, now)
+        self._tell_all(router_pb2.RouterOutput(
+            instances=[router_pb2.InstanceEvent(instance_id=iid, left=True, reason=reason)]))
+        self.log.info("instance_left", instance=iid, reason=reason, at=now,
+                      rerun=sum(isinstance(a, Dispatch) for a in actions),
+                      dropped=sum(not isinstance(a, Dispatch) for a in actions),
+                      instances=len(self.links))
+
+    async def follow(self, watch: Watch, timeout: float) -> None:
+        await membership.follow(self, watch, timeout)
 
     # --- frontends ----------------------------------------------------------------
     async def Control(
@@ -73,7 +161,7 @@ class RouterService(router_grpc.RouterServicer):
             old.put_nowait(None)  # the same frontend reconnected: the newest stream wins
         self.frontends[fid] = q
         self._hello(fid, first.hello)
-        q.put_nowait(router_pb2.RouterOutput())  # connected: the frontend may serve
+        q.put_nowait(self.snapshot())  # connected: the frontend may serve these instances
         reader = asyncio.create_task(self._read(fid, request_iterator, q))
         try:
             while (msg := await q.get()) is not None:
@@ -87,13 +175,18 @@ class RouterService(router_grpc.RouterServicer):
     def _hello(self, fid: str, hello: router_pb2.RouterHello) -> None:
         """A (re)connected frontend's placements: a restarted router learns them."""
         for p in hello.inflight:
-            if p.instance_id not in self.links:
-                continue
-            if self.ctl.location.get(p.request_id) != p.instance_id:
-                self.ctl.on_placed(p.request_id, p.instance_id, p.started)
-            self.owner[p.request_id] = fid
-            self.requests.setdefault(p.request_id, Request(p.request_id, 0.0, 1, 1))
+            self.placed(fid, p)
         self.log.info("frontend_connected", frontend=fid, inflight=len(hello.inflight))
+
+    def placed(self, fid: str, p: router_pb2.Placement) -> None:
+        """A request on an instance that this router did not place there: a frontend's
+        after a router restart, or a restored one a frontend adopted."""
+        if p.instance_id not in self.links:
+            return
+        if self.ctl.location.get(p.request_id) != p.instance_id:
+            self.ctl.on_placed(p.request_id, p.instance_id, p.started)
+        self.owner[p.request_id] = fid
+        self.requests.setdefault(p.request_id, Request(p.request_id, 0.0, 1, 1))
 
     async def _read(self, fid: str, it: AsyncIterator[router_pb2.RouterInput], q: OutQueue) -> None:
         try:
@@ -103,6 +196,8 @@ class RouterService(router_grpc.RouterServicer):
                     self.route(fid, msg.route)
                 elif kind == "scheduled":
                     self.scheduled(msg.scheduled)
+                elif kind == "placed":
+                    self.placed(fid, msg.placed)
                 elif kind == "cancel":
                     if self.owner.get(msg.cancel) == fid:
                         self.ctl.on_cancel(msg.cancel, time.time())
@@ -179,6 +274,8 @@ class RouterService(router_grpc.RouterServicer):
     # --- schedulers -----------------------------------------------------------------
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
         """First tokens free tickets, last ones end requests; state reports feed routing."""
+        if instance_id not in self.links:
+            return  # it left the deployment
         self.ctl.on_tokens(out.tokens)
         for t in out.tokens:
             if t.finished:
@@ -196,6 +293,8 @@ class RouterService(router_grpc.RouterServicer):
         """As the one gateway's (``gateway.server``): the Controller decides; re-runs go to
         their frontends, and are cancelled on the lost instance."""
         now = time.time()
+        if instance_id not in self.links:
+            return  # it left the deployment: no news of it counts
         if serving:
             self.ctl.on_instance_back(instance_id, now)
             self.log.info("instance_back", instance=instance_id, at=now)
@@ -214,19 +313,14 @@ class RouterService(router_grpc.RouterServicer):
 
 
 async def serve(args: argparse.Namespace) -> None:
-    addresses = parse_schedulers(args.scheduler)
-    statuses = dict(
-        zip(
-            addresses,
-            await asyncio.gather(*(_status(a, args.connect_timeout) for a in addresses.values())),
-        )
-    )
     dep = deployment_flags.resolve_into(args)
+    found = await find_instances(args)  # --scheduler and the registry, as the gateway
     controller = Controller(
-        [(i, s.role) for i, s in statuses.items()], prefix_router=prefix_router(dep, statuses)
+        [(i, s.role) for i, s in found.statuses.items()],
+        prefix_router=prefix_router(dep, found.statuses),
     )
     log = open(args.decision_log, "a") if args.decision_log else None
-    svc = RouterService(controller, addresses, log)
+    svc = RouterService(controller, found.addresses, log, found.statuses)
     server, _ = await rpc.start_server(
         args.host,
         args.port,
@@ -234,21 +328,32 @@ async def serve(args: argparse.Namespace) -> None:
         lambda s: router_grpc.add_RouterServicer_to_server(svc, s),
     )
     obs.start_metrics(args.metrics_port, args.host)
-    tasks = [asyncio.create_task(link.run()) for link in svc.links.values()]
-    tasks += [asyncio.create_task(w.run()) for w in svc.watches.values()]
-    svc.log.info("serving", port=args.port, instances=list(addresses))
-    await rpc.serve_until_signal(server, tasks)
+    for iid in list(svc.links):
+        svc.start_links(iid)
+    follow = asyncio.create_task(svc.follow(found.watch, args.connect_timeout))
+    svc.log.info("serving", port=args.port, instances=list(found.addresses))
+    try:
+        await rpc.serve_until_signal(server, [follow])
+    finally:
+        await found.redis.aclose()
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = rpc.service_parser("router", redis=False)
+    p = rpc.service_parser("router")
     p.add_argument(
         "--scheduler",
         action="append",
-        required=True,
+        default=[],
         metavar="ID=HOST:PORT",
-        help="repeat, or comma-separate: ID=HOST:PORT,ID=HOST:PORT",
+        help="a fixed instance besides those the registry in Redis lists; repeat, or "
+        "comma-separate: ID=HOST:PORT,ID=HOST:PORT",
     )
+    p.add_argument("--min-instances", type=number(int, 1, strict=False), default=1,
+                   metavar="N", help="serve once N schedulers are known (--scheduler + "
+                   "registered)")
+    p.add_argument("--registry-poll", type=number(float, 0), default=DEFAULT_POLL_S,
+                   metavar="SECONDS",
+                   help="how often the registry is read for instances joining and leaving")
     deployment_flags.add_deployment_arg(p)
     p.add_argument("--connect-timeout", type=float, default=60.0)
     p.add_argument(

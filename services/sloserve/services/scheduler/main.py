@@ -124,12 +124,14 @@ async def serve(args: argparse.Namespace) -> None:
 
 
 async def drain(svc: SchedulerService, timeout: float, every: float = 0.05) -> None:
-    """A clean stop, once deregistered: serve on while the gateway moves our requests
-    elsewhere (the Controller's instance-left transition re-runs them and cancels them
-    here), until none is left, no gateway is connected, or ``timeout`` s have passed."""
+    """A clean stop, once deregistered: serve on while the gateway (or the router, for
+    several frontends) moves our requests elsewhere (the Controller's instance-left
+    transition re-runs them and cancels them here), until none is left, no gateway or
+    frontend is connected, or ``timeout`` s have passed."""
     loop_time = asyncio.get_running_loop().time
     start, held = loop_time(), len(svc.specs)
-    while svc.specs and svc.outq is not None and loop_time() - start < timeout:
+    while svc.specs and (svc.outq is not None or svc.streams.frontends) \
+            and loop_time() - start < timeout:
         await asyncio.sleep(every)
     svc.log.info(
         "drained", requests=held, left=len(svc.specs), seconds=round(loop_time() - start, 3)

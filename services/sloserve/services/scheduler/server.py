@@ -289,7 +289,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         q: OutQueue,
     ) -> AsyncIterator[scheduler_pb2.SchedulerOutput]:
         """One of several frontends' streams, or the router's (``Streams``, issue 33): a
-        frontend's end cancels its requests here (its clients are gone with it)."""
+        frontend's end cancels its requests here (its clients are gone with it), unless it
+        detached first (a clean stop: ``detach``)."""
         fid = hello.gateway_id
         if hello.router:
             self.streams.routers.append(q)
@@ -315,6 +316,16 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                     self.cancel(rid)
                 self.log.info("frontend_gone", frontend=fid)
 
+    def detach(self, frontend: str) -> None:
+        """A frontend stops cleanly: its requests run on unowned, offered (with their
+        tokens) to the next frontend that connects, which adopts them for their clients
+        to re-attach (``_hello``); its stream's end then cancels none."""
+        mine = self.streams.owned_by(frontend)
+        for rid in mine:
+            del self.streams.owner[rid]
+        self.unclaimed.update(mine)
+        self.log.info("frontend_detached", frontend=frontend, requests=len(mine))
+
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
         """Resume what the gateway lists; offer it the restored requests it does not (first
         on its stream, so their tokens never precede them); cancel the rest. One frontend
@@ -327,9 +338,18 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 self.cancel(rid)
             for spec in hello.inflight:
                 self.streams.owner[spec.request_id] = hello.gateway_id
+            # restored ones no frontend listed go to the first that connects: it adopts
+            # them (and tells the router); one another frontend lists later is claimed
+            # back by that frontend's Hello (the owner is the latest to list it)
+            q = self.streams.frontends.get(hello.gateway_id)
+            if q is not None:
+                for rid in self.unclaimed - listed:
+                    self.streams.owner[rid] = hello.gateway_id
+                self._offer_restored(listed, q)
+                self.unclaimed.clear()
         else:
             self.replayed = {}  # watermarks are per connection
-            self._offer_restored(listed)
+            self._offer_restored(listed, self.outq)
             gone = [r for r in self.specs if r not in listed and r not in self.unclaimed]
             for rid in gone:
                 self.cancel(rid)
@@ -342,10 +362,11 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.synced.set()
         self.log.info("gateway_connected", gateway=hello.gateway_id, inflight=len(listed))
 
-    def _offer_restored(self, listed: set[str]) -> None:
+    def _offer_restored(self, listed: set[str], q: OutQueue | None) -> None:
         """``SchedulerOutput.restored`` (and drops for the refused ones) to the connecting
-        gateway: every restored request it does not list, with all its tokens."""
-        if self.outq is None:
+        gateway (or first frontend, on its queue ``q``): every restored request it does not
+        list, with all its tokens."""
+        if q is None:
             return
         live = {spec.request_id: (spec, tokens) for spec, tokens in self.live_requests()}
         offered = [*self.unclaimed_done]
@@ -364,7 +385,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         out.restored.extend(s for s, _ in refused)
         out.dropped.extend(scheduler_pb2.Drop(request_id=s.request_id, reason=why)
                            for s, why in refused)
-        self._put(self.outq, out)
+        self._put(q, out)
         self.log.info("restored_offered", requests=len(offered) - len(self.unclaimed_done),
                       complete=len(self.unclaimed_done), refused=len(refused))
         self.unclaimed_done, self.unclaimed_refused = [], []
@@ -383,6 +404,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                     self.admit(msg.submit, fresh=True)
                 elif kind == "cancel":
                     self.cancel(msg.cancel)
+                elif kind == "detach" and frontend:
+                    self.detach(frontend)
         finally:
             q.put_nowait(None)
 
