@@ -62,6 +62,29 @@ def hist_means(http: str) -> dict[str, float | None]:
     return out
 
 
+def admitted_times(log_dir: Path) -> dict[tuple[int, int], float]:
+    """(prompt tokens, max tokens) -> when a scheduler admitted that request (its
+    ``request_admitted`` debug line; the gateway names requests by ids of its own); a key
+    two requests share is left out."""
+    from datetime import datetime
+
+    out: dict[tuple[int, int], float] = {}
+    seen: set[tuple[int, int]] = set()
+    for path in log_dir.glob("scheduler-*.log"):
+        for line in path.read_text().splitlines():
+            if '"request_admitted"' not in line:
+                continue
+            rec = json.loads(line)
+            t = datetime.fromisoformat(rec["timestamp"].replace("Z", "+00:00")).timestamp()
+            key = (int(rec["prompt_tokens"]), int(rec["max_tokens"]))
+            if key in seen:
+                out.pop(key, None)
+            else:
+                seen.add(key)
+                out[key] = t
+    return out
+
+
 def pct(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs, float) * 1e3
     return {"p10_ms": float(np.percentile(a, 10)), "p50_ms": float(np.percentile(a, 50)),
@@ -116,6 +139,9 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=27600)
     ap.add_argument("--profile", default=None, help="an overhead profile from another run")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--log-level", default="info", choices=("info", "debug"),
+                    help="debug: each scheduler logs when it admitted each request; the "
+                         "submit hop (gateway stamp -> admitted) is reported per request")
     ap.add_argument("--overhead-out", default=None,
                     help="save this run's overhead profile (bench --overhead-out)")
     a = ap.parse_args()
@@ -126,11 +152,12 @@ def main() -> int:
         "--seed", str(a.seed)])
     bargs.qps = QPS
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/12")
+    log_dir = tempfile.mkdtemp(prefix="multiturn-ttft-")
     up = build_parser().parse_args([
-        "up", "--instances", str(INSTANCES), "--port", str(a.port),
+        "up", "--instances", str(INSTANCES), "--port", str(a.port), "--log-level", a.log_level,
         "--http-port", str(a.port + 1), "--redis-url", redis_url,
         "--prefix", f"sloserve:mt{os.getpid()}",
-        "--log-dir", tempfile.mkdtemp(prefix="multiturn-ttft-"),
+        "--log-dir", log_dir,
         *(["--prefix-routing"] if a.routing == "prefix" else [])])
     os.environ.setdefault("SLOSERVE_INTERNAL_TOKEN", "multiturn-ttft-" + os.urandom(16).hex())
     load_before = os.getloadavg()[0]
@@ -174,6 +201,12 @@ def main() -> int:
                  "unhidden_p50_ms": [st.unhidden_p50_s * 1e3 for st in sts],
                  "unhidden_p99_ms": [st.unhidden_p99_s * 1e3 for st in sts]},
     }
+    if a.log_level == "debug":
+        admitted = admitted_times(Path(log_dir))
+        hop = [admitted[(r.prompt_len, r.output_len)] - r.arrival_time for r in reqs
+               if (r.prompt_len, r.output_len) in admitted and r.token_times]
+        out["live"]["submit_hop_joined"] = len(hop)
+        out["live"]["submit_hop"] = pct(hop)
     base = sim_config(bargs, info, sts, None)
     arms = {"sim": base,
             "sim_cache_outputs": dataclasses.replace(base, prefix_cache_outputs=True),
