@@ -193,3 +193,23 @@ def test_a_waiting_requests_hit_shrinks_when_its_blocks_are_evicted() -> None:
 def test_a_request_with_a_bad_hash_unit_is_rejected_naming_it() -> None:
     with pytest.raises(ValueError, match="hash_unit"):
         Request("r", 0.0, 10, 2, hash_ids=(1,), hash_unit=0)
+
+
+@pytest.mark.parametrize("cache_outputs", [True, False])
+def test_an_answers_blocks_are_found_again_only_when_outputs_are_cached(
+        cache_outputs: bool) -> None:
+    """Turn 2 of a chat resends turn 1's prompt and answer. vLLM (the simulator's default)
+    names the blocks turn 1's answer fills, so turn 2 finds them; the live stack names a
+    request by its prompt's token ids only (``cache_outputs=False``), so turn 2 finds turn
+    1's prompt and recomputes its answer (docs/serve.md, "Prefix caching")."""
+    kv = PrefixCachingBlockManager(num_blocks=64, block_size=BS, cache_outputs=cache_outputs)
+    prompt, answer = PREFIX_UNIT, PREFIX_UNIT  # one unit each: ids (1,) and (2,)
+    turn1 = make("t1", prompt, answer, ids=(1, 2))
+    admit(kv, turn1, prompt)
+    for n in range(prompt + 1, prompt + answer + 1):  # decode the whole answer
+        kv.allocate(turn1.request_id, n)
+        kv.cache_full_blocks(turn1, n)
+    kv.free(turn1.request_id)
+    turn2 = make("t2", prompt + answer + 100, 4, ids=(1, 2, 3))
+    assert kv.lookup(turn2) == (prompt + answer if cache_outputs else prompt)
+    check_invariants(kv)

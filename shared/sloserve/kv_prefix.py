@@ -68,8 +68,13 @@ class PrefixCachingBlockManager(BlockManager):
 
     prefix_caching = True
 
-    def __init__(self, num_blocks: int, block_size: int = 16) -> None:
+    def __init__(self, num_blocks: int, block_size: int = 16, cache_outputs: bool = True) -> None:
+        """``cache_outputs``: the blocks a request's output fills are named and shared too
+        (vLLM's; the simulator's default). False names only its prompt's full blocks, as the
+        live stack does: its requests' identity is their prompt's token ids
+        (``token_hash_ids``), so a block its answer fills is never found again."""
         super().__init__(num_blocks, block_size)
+        self.cache_outputs = cache_outputs
         self._ref = [0] * num_blocks
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> block id
@@ -163,7 +168,7 @@ class PrefixCachingBlockManager(BlockManager):
         memo = self._stream.get(req.request_id)
         if memo is not None and memo[0] is ids:
             return memo[1]
-        n = (req.prompt_len + req.output_len) // self.block_size
+        n = (req.prompt_len + (req.output_len if self.cache_outputs else 0)) // self.block_size
         hashes = unit_block_hashes(ids, self.block_size, n, req.hash_unit)
         self._stream[req.request_id] = (ids, hashes)
         self._lookups.pop(req.request_id, None)

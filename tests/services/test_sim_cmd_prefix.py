@@ -48,3 +48,24 @@ def test_multiturn_with_prefix_routing_reports_matches(
                  "--num-requests", "80", "--qps", "4", "--prefix-routing", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["prefix_routed_to_match"] > 0 and out["prefix_hit_rate"] > 0
+
+
+def test_no_prefix_cache_outputs_finds_no_earlier_answer(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each row's prompt is the previous row's prompt and answer (ids 1..k+2, one per 512
+    tokens), sent after it finished: vLLM's caching (the default) finds the earlier answer
+    too; --no-prefix-cache-outputs (the live stack's prompt-only identity) finds only the
+    earlier prompt's full blocks."""
+    unit = 512
+    rows = [{"timestamp": 1000 * k, "input_length": (k + 1) * unit + 10,
+             "output_length": unit, "hash_ids": list(range(1, k + 3))} for k in range(4)]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["simulate", "--policy", "sarathi", "--trace-file", str(path), "--arrival", "trace",
+            "--num-requests", "4", "--qps", "0.05", "--json"]  # 20 s apart: each done
+    assert main(args) == 0
+    # turn k (1..3) finds turn k-1's prompt and answer: k + 1 units
+    assert json.loads(capsys.readouterr().out)["prefix_hit_tokens"] == (2 + 3 + 4) * unit
+    assert main([*args, "--no-prefix-cache-outputs"]) == 0
+    # ... or only its prompt's full blocks: k units (its last 10 tokens fill no block)
+    assert json.loads(capsys.readouterr().out)["prefix_hit_tokens"] == (1 + 2 + 3) * unit

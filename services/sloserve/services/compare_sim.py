@@ -191,6 +191,12 @@ def sim_config(args: Any, info: dict[str, Any], sts: list[Any],
         # the Deployment the schedulers run (Status.deployment); a scheduler that does not
         # say is one from before it, which ran without prefix caching
         prefix_caching=dep.prefix_caching if dep is not None else False,
+        # the gateway's router (``up --prefix-routing``, issue 33, item 4): the same
+        # PrefixRouter in the simulator's controller, else it simulates round-robin
+        prefix_routing=dep.prefix_routing if dep is not None else False,
+        # the live scheduler names a request's blocks by its prompt's token ids: the blocks
+        # its answer fills are never found again (docs/serve.md, "Prefix caching")
+        prefix_cache_outputs=False,
         refit_interval=live_refit_interval(sts),
     )
     # the executors' own noise draws where they can be replayed, else one stream seeded by
@@ -234,6 +240,8 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
                        "noise_seed": cfg.truth_seed, "noise_streams": cfg.noise_streams,
                        "noise_cv": cfg.noise_cv, "refit_interval": cfg.refit_interval,
                        "prefix_caching": cfg.prefix_caching,
+                       "prefix_routing": cfg.prefix_routing,
+                       "prefix_cache_outputs": cfg.prefix_cache_outputs,
                        # the executors' own noise draws, not the workload seed's stream
                        "noise_replayed": cfg.noise_seed is not None,
                        "policy_config": json.loads(sts[0].policy_config)},
@@ -245,6 +253,8 @@ def compare(live: dict[str, Any], args: Any, info: dict[str, Any], sts: list[Any
         "sim_iterations": sim["iterations"],
         # Ascendra's LP -> HP offloads: a threshold decision (docs/lab/live-stack.md)
         "live_offloads": live.get("offloads"), "sim_offloads": sim.get("offloads"),
+        # prompt tokens found cached / looked up (live: the gateway's /metrics, per engine)
+        "sim_prefix_hit_rate": sim.get("prefix_hit_rate"),
         "overlap": [st.overlap for st in sts],
         "load_avg_1m": os.getloadavg()[0],
     }

@@ -65,6 +65,11 @@ def _common(p: argparse.ArgumentParser, compare: bool = False) -> None:
                    help="with --overhead-profile: each instance's report (first tokens, queue "
                         "state) reaches the controller after the gateway's measured delivery "
                         "lag, as live (HP tickets freed later; docs/lab/live-stack.md)")
+    p.add_argument("--prefix-cache-outputs", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="prefix caching shares the blocks a request's answer fills too "
+                        "(vLLM's; default); --no-prefix-cache-outputs: only its prompt's, as "
+                        "the live stack (bench --compare-sim; docs/serve.md)")
     p.add_argument("--metrics", choices=("exact", "stream"), default="exact",
                    help="stream: constant memory per request, percentiles within 0.1 %% "
                         "(a sketch); counts, shares and goodput stay exact (default exact)")
@@ -117,6 +122,7 @@ def config_from_args(args: argparse.Namespace, qps: float = 1.0,
         workers=args.workers,
         timing_profile=args.timing_profile, metrics=args.metrics,
         overhead_profile=args.overhead_profile, controller_lag=args.controller_lag,
+        prefix_cache_outputs=args.prefix_cache_outputs,
     )
     cfg.validate()
     return cfg

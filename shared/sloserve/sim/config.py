@@ -50,6 +50,10 @@ class SimConfig(Deployment):
     # overhead profile's delivery samples: the controller sees first tokens (HP tickets
     # freed) and queue states that much later (``sim.overhead.ControllerLag``)
     controller_lag: bool = False
+    # prefix caching names the blocks a request's answer fills too (vLLM's); False: only its
+    # prompt's full blocks, as the live stack, whose prefix identity is the prompt's token ids
+    # (``kv_prefix.PrefixCachingBlockManager``; ``bench --compare-sim`` sets it)
+    prefix_cache_outputs: bool = True
     # "stream": constant memory per request, percentiles from a 0.1 % relative-error sketch
     # (sloserve.sketch); counts, shares and goodput stay exact. "exact": every value kept.
     metrics: str = "exact"

@@ -259,15 +259,20 @@ class Simulation:
         spec, self.policy_config = get_spec(cfg.policy), cfg.resolved_policy_config()
         self.workload = build_workload(cfg, self.model, self.timing)
         # no prefix identity, nothing to share: the plain manager (results unchanged)
-        kv_cls = (PrefixCachingBlockManager if cfg.prefix_caching and any(
-            r.hash_ids is not None for r in self.workload.requests) else BlockManager)
+        caching = cfg.prefix_caching and any(
+            r.hash_ids is not None for r in self.workload.requests)
+
+        def kv() -> BlockManager:
+            return (PrefixCachingBlockManager(num_blocks, cfg.block_size,
+                                              cache_outputs=cfg.prefix_cache_outputs)
+                    if caching else BlockManager(num_blocks, cfg.block_size))
         roles = instance_roles(cfg.policy, cfg.instances, cfg.hp_instances)
         mine = [k for k in range(len(roles)) if part is None or k % part[1] == part[0]]
         self.instances = [
             Instance(
                 roles[k][0],
                 spec.make(roles[k][1], self.policy_config, num_hp=cfg.hp_instances),
-                kv_cls(num_blocks, cfg.block_size),
+                kv(),
                 self.policy_perf,
                 role=roles[k][1],
                 timers=True,  # the event heap holds policy timers (``sim.events.WAKE``)

@@ -9,7 +9,8 @@ decided and sent while the executor runs plan k, which ``launch`` applied
 provisionally and ``land`` reconciles (real token ids and end, early stops);
 ``rollback`` undoes it when the executor is lost first. Tokens, offloads, drops and the instance
 state go up to the gateway, held with the Redis flush until ``HOLD_S`` after
-the next plan has left (off its hop). An empty plan leaves the instance idle
+the next plan has left (off its hop) where the executor waits for that plan; with
+overlap and a batch in flight the tokens leave at once. An empty plan leaves the instance idle
 until the next submission or cancel wakes it, or until the plan's ``wake_at``
 (a policy's timer, on the wall clock only: ``--clock virtual`` moves with events,
 so its instances offer no timers) — the simulator's rule, so both drivers ask the
@@ -298,7 +299,12 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 _flush(svc, report)
                 report = report_k
             predicted = await _send(svc, call, plan, now)
-            svc.hold()
+            if flight is None:
+                # the executor idles until this plan arrives (serial, or overlap after idle):
+                # gateway traffic and the Redis flush wait HOLD_S off its hop. With a batch
+                # in flight it has work until this plan is due: a hold would only delay
+                # every token, the first included, by 3 ms (docs/serve.md, "Prefix caching")
+                svc.hold()
             if out.offloaded or out.dropped:
                 svc.send(out)  # decided with this plan
             _flush(svc, report)  # the previous batch's tokens, off the critical path
