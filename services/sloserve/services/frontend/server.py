@@ -120,9 +120,6 @@ async def serve_http(app: FastAPI, sock: socket.socket, tls: ServerTLS | None) -
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.scheduler:
-        raise SystemExit("frontend: --scheduler: a frontend takes its instances from the "
-                         "router (give --scheduler to the router)")
     st = await gateway.setup(args, find=False)
     http_sock = (
         reuse_port_socket(args.http_host or args.host, args.http_port) if args.http_port else None
@@ -202,9 +199,45 @@ async def serve(args: argparse.Namespace) -> None:
     await rpc.serve_until_signal(server, tasks, before_stop=leave)
 
 
+# the gateway's flags a frontend has no use for (it reads no registry, registers nothing,
+# holds no Controller): each is refused by name rather than accepted and ignored
+NOT_HERE = {
+    "--scheduler": "a frontend takes its instances from the router (give --scheduler to "
+                   "the router)",
+    "--redis-url": "a frontend reads no Redis: the router follows the registry (give "
+                   "--redis-url or $REDIS_URL to the router)",
+    "--prefix": "a frontend reads no registry (give --prefix to the router)",
+    "--registry-ttl": "a frontend registers nothing in Redis",
+    "--advertise": "a frontend registers nothing in Redis (the router dials no frontend)",
+    "--min-instances": "the router waits for the instances (give --min-instances to the "
+                       "router)",
+    "--registry-poll": "a frontend reads no registry (give --registry-poll to the router)",
+    "--decision-log": "the router holds the Controller and logs its decisions (give "
+                      "--decision-log to the router)",
+}
+
+
+class NotHere(argparse.Action):
+    """A gateway flag a frontend refuses: the parser exits naming it (status 2)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        kwargs.pop("nargs", None)
+        super().__init__(option_strings, dest, nargs="?", **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {NOT_HERE[str(option_string)]}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = gateway.build_parser()
     p.prog = "python -m sloserve.services.frontend"
+    for group in (p, *p._action_groups):  # the flags below replace the gateway's
+        group.conflict_handler = "resolve"
+    for flag in NOT_HERE:
+        p.add_argument(flag, action=NotHere, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--clock", choices=("wall",), default="wall",
+                   help="wall only: the virtual clock's conductor drives one gateway")
     p.add_argument(
         "--router",
         required=True,
