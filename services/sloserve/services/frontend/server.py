@@ -21,18 +21,20 @@ import socket
 import time
 import uuid
 
+import grpc
 from fastapi import FastAPI
 
 from sloserve.controller import Action, Dispatch
 from sloserve.services import obs, rpc
 from sloserve.services.frontend.router_client import RouterClient
 from sloserve.services.gateway import server as gateway
-from sloserve.services.gateway.server import GatewayService
+from sloserve.services.gateway.server import Flight, GatewayError, GatewayService, scoped_id
 from sloserve.services.memtrim import trim_when_grown
 from sloserve.services.proto import SERVICE_NAMES, gateway_grpc, router_pb2
 from sloserve.services.tls import ServerTLS
 
 BACKLOG = 2048
+TAKEOVER_S = 5.0  # a re-attach through another frontend: each step's wait (router, offer)
 
 
 class FrontendService(GatewayService):
@@ -73,6 +75,48 @@ class FrontendService(GatewayService):
                 self.leave(iid, "moved")
             if iid not in self.links:
                 self.join(iid, e.address, e.status)
+
+    def hand_over(self, rid: str) -> router_pb2.Handover:
+        """The router asks for ``rid``, which a client re-attaches to at another frontend:
+        let it go if it waits here unattached (adopted after a restart, still running):
+        forget it without cancelling it; the other frontend claims it on the scheduler."""
+        f = self.flights.get(rid)
+        instance = self.ctl.location.get(rid) or (f.instance_id if f else "")
+        why = ("not in flight here" if f is None else
+               "a client is attached at its frontend" if f.detached_until is None else
+               "it has ended" if f.done else
+               "its instance is gone" if instance not in self.links else "")
+        if f is None or why:
+            return router_pb2.Handover(request_id=rid, reason=why)
+        self.flights.pop(rid, None)
+        self.ctl.forget(rid)
+        self.log.info("request_handed_over", request_id=rid, instance=instance,
+                      tokens=len(f.spec.generated_token_ids))
+        return router_pb2.Handover(request_id=rid, instance_id=instance)
+
+    async def attach_any(self, owner: str, request_id: str, start_index: int) -> Flight:
+        """``attach``; a request another frontend adopted after a restart (the kernel
+        picks which frontend a client reaches) is taken over first: the router asks its
+        adopter to hand it over, this frontend claims it on the instance's scheduler
+        stream and adopts it from the offer, every token so far with it."""
+        try:
+            return self.attach(owner, request_id, start_index)
+        except GatewayError as exc:
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            missing = exc
+        rid = scoped_id(owner, request_id)
+        h = await self.ctl.locate(rid, TAKEOVER_S)
+        if not h.instance_id or h.instance_id not in self.links:
+            self.log.info("takeover_refused", request_id=rid, reason=h.reason)
+            raise missing
+        self.links[h.instance_id].claim(rid)
+        deadline = time.monotonic() + TAKEOVER_S
+        while rid not in self.flights and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the scheduler's offer: adopt() makes the flight
+        self.log.info("request_taken_over", request_id=rid, instance=h.instance_id,
+                      adopted=rid in self.flights)
+        return self.attach(owner, request_id, start_index)
 
     def start_links(self, iid: str) -> None:
         """Only the scheduler stream: the router watches every instance's health."""
@@ -149,6 +193,7 @@ async def serve(args: argparse.Namespace) -> None:
     for link in svc.links.values():
         link.gateway_id = frontend_id
     client.on_instances = svc.on_instances  # no await since the snapshot: nothing missed
+    client.on_handover = svc.hand_over
     svc.hash_unit = (
         next(iter(st.statuses.values())).executor.block_size if st.dep.prefix_routing else None
     )
