@@ -31,6 +31,7 @@ FRONTENDS = ("gateway", "gateway-1")
 LATE = "lp2"
 # output tokens of a re-attach test's requests: still running when their clients come back
 LONG = 400
+SHORT, ENDED_WAIT_S = 40, 6.0  # requests that end (well within the wait) before re-attach
 
 
 def own_connection(target: str) -> tuple[grpc.Channel, gateway_grpc.GatewayStub]:
@@ -239,6 +240,38 @@ def test_after_a_whole_stack_crash_a_client_re_attaches_through_the_other_fronte
         assert handed.get(rid) == adopter[o.request_id] != taken.get(rid), (rid, handed, taken)
     print(f"\nre-attach through the other frontend: down {down:.1f} s; 8/8 resumed, each "
           f"handed over once; load {os.getloadavg()[0]:.2f}")
+
+
+def test_a_request_that_ended_unattached_is_replayed_through_the_other_frontend(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """After a whole-stack crash the restored requests run to their end before any
+    client comes back; each client then re-attaches through the frontend that did not
+    adopt its request: the adopter hands over what it kept (every token, nothing runs)
+    and the other frontend replays it, exact, to its end."""
+    stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0)
+    logs = stack.cfg.log_dir
+    assert logs is not None
+    adopter: dict[str, str] = {}
+
+    def after_the_end(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        time.sleep(ENDED_WAIT_S)  # the restored requests end, unattached, at the adopter
+        for fe in FRONTENDS:
+            for e in events(logs / f"{fe}.log", "request_restored"):
+                adopter[str(e["request_id"])] = fe
+        for fe in FRONTENDS:
+            client = Client(s.services[fe].address)
+            attach_all(client, [o for o in outcomes if adopter.get(o.request_id) not in
+                                (None, fe)], max_tokens, deadline_s=60)
+            client.close()
+
+    outcomes, _ = drill(stack, 8, SHORT, signal.SIGKILL, prefix="ended", reattach=after_the_end)
+    assert sorted(adopter) == sorted(o.request_id for o in outcomes), adopter
+    assert [o.row() for o in outcomes if not o.resumed] == []
+    handed = [e for fe in FRONTENDS for e in events(logs / f"{fe}.log", "request_handed_over")]
+    assert len(handed) == 8 and all(e["ended"] for e in handed), handed
+    print(f"\nended-unattached re-attach through the other frontend: 8/8 replayed whole; "
+          f"load {os.getloadavg()[0]:.2f}")
 
 
 def test_after_a_whole_stack_crash_http_clients_re_attach_on_the_shared_port(

@@ -16,6 +16,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from sloserve.v1 import common_pb2 as _common_pb2
 from sloserve.v1 import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
@@ -195,20 +196,28 @@ class Handover(_message.Message):
     REQUEST_ID_FIELD_NUMBER: _builtins.int
     INSTANCE_ID_FIELD_NUMBER: _builtins.int
     REASON_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     instance_id: _builtins.str
-    """where it runs; "": not handed over (reason says why)"""
+    """where it runs (ran); "": not handed over (reason says why)"""
     reason: _builtins.str
+    @_builtins.property
+    def ended(self) -> _common_pb2.RequestSpec:
+        """It ended there with no client attached: everything it produced (no claim: the
+        asker serves the Attach from this).
+        """
+
     def __init__(
         self,
         *,
         request_id: _builtins.str = ...,
         instance_id: _builtins.str = ...,
         reason: _builtins.str = ...,
+        ended: _common_pb2.RequestSpec | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["instance_id", b"instance_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "instance_id", b"instance_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

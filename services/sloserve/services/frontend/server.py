@@ -26,11 +26,19 @@ from fastapi import FastAPI
 
 from sloserve.controller import Action, Dispatch
 from sloserve.services import obs, rpc
+from sloserve.services.convert import request_of
 from sloserve.services.frontend.router_client import RouterClient
 from sloserve.services.gateway import server as gateway
-from sloserve.services.gateway.server import Flight, GatewayError, GatewayService, scoped_id
+from sloserve.services.gateway.server import (
+    Flight,
+    GatewayError,
+    GatewayService,
+    owner_of,
+    scoped_id,
+)
+from sloserve.services.gateway.stream import TokenStream
 from sloserve.services.memtrim import trim_when_grown
-from sloserve.services.proto import SERVICE_NAMES, gateway_grpc, router_pb2
+from sloserve.services.proto import SERVICE_NAMES, common_pb2, gateway_grpc, router_pb2
 from sloserve.services.tls import ServerTLS
 
 BACKLOG = 2048
@@ -84,15 +92,16 @@ class FrontendService(GatewayService):
         instance = self.ctl.location.get(rid) or (f.instance_id if f else "")
         why = ("not in flight here" if f is None else
                "a client is attached at its frontend" if f.detached_until is None else
-               "it has ended" if f.done else
-               "its instance is gone" if instance not in self.links else "")
+               "its instance is gone" if not f.done and instance not in self.links else "")
         if f is None or why:
             return router_pb2.Handover(request_id=rid, reason=why)
         self.flights.pop(rid, None)
         self.ctl.forget(rid)
         self.log.info("request_handed_over", request_id=rid, instance=instance,
-                      tokens=len(f.spec.generated_token_ids))
-        return router_pb2.Handover(request_id=rid, instance_id=instance)
+                      tokens=len(f.spec.generated_token_ids), ended=f.done)
+        # ended with no client attached: its tokens live only here, so they go along
+        return router_pb2.Handover(request_id=rid, instance_id=instance,
+                                   ended=f.spec if f.done else None)
 
     async def attach_any(self, owner: str, request_id: str, start_index: int) -> Flight:
         """``attach``; a request another frontend adopted after a restart (the kernel
@@ -107,9 +116,13 @@ class FrontendService(GatewayService):
             missing = exc
         rid = scoped_id(owner, request_id)
         h = await self.ctl.locate(rid, TAKEOVER_S)
-        if not h.instance_id or h.instance_id not in self.links:
+        if not h.instance_id or (h.instance_id not in self.links
+                                 and not h.HasField("ended")):
             self.log.info("takeover_refused", request_id=rid, reason=h.reason)
             raise missing
+        if h.HasField("ended"):  # nothing runs: served from what the holder kept
+            self.adopt_ended(h.instance_id, h.ended)
+            return self.attach(owner, request_id, start_index)
         self.links[h.instance_id].claim(rid)
         deadline = time.monotonic() + TAKEOVER_S
         while rid not in self.flights and time.monotonic() < deadline:
@@ -117,6 +130,19 @@ class FrontendService(GatewayService):
         self.log.info("request_taken_over", request_id=rid, instance=h.instance_id,
                       adopted=rid in self.flights)
         return self.attach(owner, request_id, start_index)
+
+    def adopt_ended(self, instance_id: str, spec: common_pb2.RequestSpec) -> None:
+        """A request handed over that ended unattached at its holder: every token it
+        produced, replayed to the client that re-attaches (as the holder would have)."""
+        owner, client_id = owner_of(spec.request_id, self.auth_on)
+        f = Flight(spec, request_of(spec, self.hash_unit), TokenStream(self.stream_interval),
+                   instance_id=instance_id, owner=owner, client_id=client_id,
+                   detached_until=time.monotonic() + self.reattach_grace,
+                   restored=len(spec.generated_token_ids), adopted=True)
+        f.complete = f.done = True
+        self.flights[spec.request_id] = f
+        self.log.info("request_taken_over", request_id=spec.request_id,
+                      instance=instance_id, adopted=True, ended=True)
 
     def start_links(self, iid: str) -> None:
         """Only the scheduler stream: the router watches every instance's health."""
