@@ -2,12 +2,17 @@
 
 A description is a YAML mapping: the :class:`~sloserve.deployment.Deployment`'s fields
 (policy, knobs, instances and roles, model, GPU, SLOs, ...) plus what only an
-orchestrator needs: ``frontends`` (gateway replicas; the HPA's floor), ``max_frontends``
+orchestrator needs: ``frontends`` (front doors; the HPA's floor), ``max_frontends``
 (its ceiling), ``backend`` (sim | torch | vllm) and ``images``. :func:`render_compose`
 and :func:`render_k8s` turn it into docker-compose YAML and Kubernetes manifests with one
 scheduler + executor pair per instance (``instance_roles``: ``lp0, lp1, hp2``), the perf
-model, the gateway and Redis. The checked-in ``docker-compose.yml`` and ``infra/k8s/``
-are their output (``sloserve render``; ``tests/infra/test_render.py`` fails on drift).
+model, the front door and Redis. The front door is what ``up`` runs: one gateway (the
+Controller inside) where there is only ever one, else ``up --frontends N``'s shape (issue
+33): one router holding the one Controller (following the registry) and N stateless
+frontends given its address, so Ascendra's one ticket per HP instance and round-robin
+hold across them (never a Controller per replica). The checked-in ``docker-compose.yml``
+and ``infra/k8s/`` are their output (``sloserve render``; ``tests/infra/test_render.py``
+fails on drift).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ EXTRA_KEYS = ("frontends", "max_frontends", "backend", "images")
 
 GATEWAY_PORT, HTTP_PORT, PERFMODEL_PORT = 50051, 8000, 50060
 EXECUTOR_PORT, SCHEDULER_PORT, REDIS_PORT = 50061, 50071, 6379
+ROUTER_PORT = 50052  # several frontends: the router holding the one Controller (issue 33)
 # Kubernetes: Redis with Sentinel (issue 34, item 4): a StatefulSet of REDIS_REPLICAS pods,
 # each a redis-server (pod 0 the first master, the others its replicas) and a sentinel
 # (quorum 2) beside it; services reach the master through the sentinels (redis+sentinel://)
@@ -65,6 +71,13 @@ class Description:
     max_frontends: int = 4
     backend: str = "sim"
     images: dict[str, str] = field(default_factory=default_images)
+
+    @property
+    def split(self) -> bool:
+        """Kubernetes: a router and a frontend Deployment (its HPA may run more than one
+        replica: a gateway per replica would be a Controller per replica), else the one
+        gateway (``frontends`` = ``max_frontends`` = 1)."""
+        return self.max_frontends > 1
 
     def pairs(self) -> list[tuple[int, str, str]]:
         """``[(k, instance_id, role)]``: one scheduler + executor pair per instance."""
@@ -194,11 +207,9 @@ HEALTH = ("import sys; from sloserve.services.rpc import wait_healthy; "
 def render_compose(desc: Description, source: str = "DESCRIPTION",
                    out: str = "docker-compose.yml") -> str:
     """docker-compose YAML: Redis, the perf model, one executor + scheduler service per
-    instance, and the gateway (published on the host's loopback only). Plaintext on an
-    internal network; compose has one gateway (``frontends`` must be 1)."""
-    if desc.frontends != 1:
-        raise ValueError(f"frontends: compose publishes one gateway on fixed host ports; "
-                         f"got {desc.frontends} (render k8s for more)")
+    instance, and the gateway (published on the host's loopback only); ``frontends`` N > 1:
+    the router and N frontends sharing the published ports (:func:`_compose_frontends`).
+    Plaintext on an internal network."""
     dep = _deployment_json(desc, slo_env=True)
     env = {"REDIS_URL": "redis://:${SLOSERVE_REDIS_PASSWORD:?set SLOSERVE_REDIS_PASSWORD}"
                         f"@redis:{REDIS_PORT}/0",
@@ -250,24 +261,62 @@ def render_compose(desc: Description, source: str = "DESCRIPTION",
                             f"scheduler-{iid}"),
             depends_on={f"executor-{iid}": {"condition": "service_healthy"}},
             healthcheck=grpc_health(SCHEDULER_PORT))
-    gateway = service(
-        desc.images["service"],
-        ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
-         "--http-port", str(HTTP_PORT), *_wait(desc.backend), *_gateway_registry(desc)],
-        networks=["backend", "front"],
-        ports=[f"127.0.0.1:${{SLOSERVE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}",
-               f"127.0.0.1:${{SLOSERVE_HTTP_PORT:-{HTTP_PORT}}}:{HTTP_PORT}"],
-        depends_on={**redis_ok, **{f"scheduler-{iid}": {"condition": "service_healthy"}
-                                   for _, iid, _ in desc.pairs()}})
-    gateway["environment"] = {
-        "REDIS_URL": env["REDIS_URL"],  # the registry: which schedulers there are
-        "SLOSERVE_INTERNAL_TOKEN": env["SLOSERVE_INTERNAL_TOKEN"],
-        "SLOSERVE_API_KEYS": "${SLOSERVE_API_KEYS:-}", DEPLOYMENT_ENV: dep}
-    services["gateway"] = gateway
+    schedulers_ok = {f"scheduler-{iid}": {"condition": "service_healthy"}
+                     for _, iid, _ in desc.pairs()}
+    published = {"networks": ["backend", "front"],
+                 "ports": [f"127.0.0.1:${{SLOSERVE_GATEWAY_PORT:-{GATEWAY_PORT}}}:{GATEWAY_PORT}",
+                           f"127.0.0.1:${{SLOSERVE_HTTP_PORT:-{HTTP_PORT}}}:{HTTP_PORT}"]}
+    public_env = {"SLOSERVE_INTERNAL_TOKEN": env["SLOSERVE_INTERNAL_TOKEN"],
+                  "SLOSERVE_API_KEYS": "${SLOSERVE_API_KEYS:-}", DEPLOYMENT_ENV: dep}
+    notes = _COMPOSE_NOTES
+    if desc.frontends == 1:
+        gateway = service(
+            desc.images["service"],
+            ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
+             "--http-port", str(HTTP_PORT), *_wait(desc.backend), *_gateway_registry(desc)],
+            **published, depends_on={**redis_ok, **schedulers_ok})
+        # REDIS_URL: the registry, which schedulers there are
+        gateway["environment"] = {"REDIS_URL": env["REDIS_URL"], **public_env}
+        services["gateway"] = gateway
+    else:
+        router = service(
+            desc.images["service"],
+            ["sloserve.services.router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+             *_wait(desc.backend), *_gateway_registry(desc)],
+            depends_on={**redis_ok, **schedulers_ok}, healthcheck=grpc_health(ROUTER_PORT))
+        services["router"] = router
+        services.update(_compose_frontends(desc, service, published, public_env))
+        notes += _COMPOSE_FRONTENDS_NOTES.format(n=desc.frontends, last=desc.frontends - 1,
+                                                 port=ROUTER_PORT)
     compose = {"services": services,
                "networks": {"backend": {"internal": True}, "front": {}}}
-    header = _header(out, source, "compose") + _COMPOSE_NOTES
+    header = _header(out, source, "compose") + notes
     return _dump(header, [compose])
+
+
+def _compose_frontends(desc: Description, service: Any, published: dict[str, Any],
+                       public_env: dict[str, str]) -> dict[str, Any]:
+    """``up --frontends N`` in compose: ``gateway`` (frontend 0) holds the published ports
+    and the networks; ``gateway-1`` .. share its network namespace (``network_mode:
+    service:gateway``), so all N listen on the same ports (SO_REUSEPORT, as under ``up``)
+    and the kernel spreads connections over them. Each is given the router's address and
+    no Redis (it reads no registry)."""
+    out: dict[str, Any] = {}
+    for k in range(desc.frontends):
+        name = "gateway" if k == 0 else f"gateway-{k}"
+        cmd = ["sloserve.services.frontend", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
+               "--http-port", str(HTTP_PORT), *_wait(desc.backend),
+               "--router", f"router:{ROUTER_PORT}", "--index", str(k)]
+        after = {"router": {"condition": "service_healthy"}}
+        if k:
+            after["gateway"] = {"condition": "service_started"}
+        svc = service(desc.images["service"], cmd, depends_on=after,
+                      **(published if k == 0 else {"network_mode": "service:gateway"}))
+        if k:
+            del svc["networks"]  # compose: network_mode excludes networks
+        svc["environment"] = dict(public_env)
+        out[name] = svc
+    return out
 
 
 _COMPOSE_NOTES = """\
@@ -405,40 +454,67 @@ def render_k8s(desc: Description, gpu_variant: bool = False, source: str = "DESC
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sloserve"},
          "data": {"deployment": _deployment_json(desc, slo_env=False)}},
     ]
-    gateway = container(
-        "gateway", images["service"],
-        ["sloserve.services.gateway", "--host", "0.0.0.0", "--port", str(GATEWAY_PORT),
-         "--http-port", str(HTTP_PORT), "--tls-cert", f"{PUBLIC_DIR}/tls.crt",
-         "--tls-key", f"{PUBLIC_DIR}/tls.key", *_wait(backend), *_gateway_registry(desc)],
-        [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV], *redis_env,
-         _secret_env("SLOSERVE_API_KEYS", "api-keys"),
-         _config_env(DEPLOYMENT_ENV, "deployment")],
-        None, _k8s_probe(GATEWAY_PORT, True),
-        {"cpu": "250m", "memory": "512Mi"}, {"cpu": "2", "memory": "1Gi"},
-        [internal_mount, {"name": "public-tls", "mountPath": PUBLIC_DIR, "readOnly": True}])
-    gateway["ports"] = [{"name": "grpc", "containerPort": GATEWAY_PORT},
-                        {"name": "http", "containerPort": HTTP_PORT}]
+    public = [internal_mount, {"name": "public-tls", "mountPath": PUBLIC_DIR, "readOnly": True}]
+    public_volumes = [internal_volume, {"name": "public-tls",
+                                        "secret": {"secretName": "sloserve-public-tls"}}]
+    public_env = [*[e for e in internal_env if e["name"] != DEPLOYMENT_ENV],
+                  _secret_env("SLOSERVE_API_KEYS", "api-keys"),
+                  _config_env(DEPLOYMENT_ENV, "deployment")]
+    public_args = ["--host", "0.0.0.0", "--port", str(GATEWAY_PORT), "--http-port",
+                   str(HTTP_PORT), "--tls-cert", f"{PUBLIC_DIR}/tls.crt",
+                   "--tls-key", f"{PUBLIC_DIR}/tls.key", *_wait(backend)]
+
+    def front(name: str, args: list[str], env: list[dict[str, Any]],
+              **spec: Any) -> dict[str, Any]:
+        """The public Deployment (the gateway, or the frontends), its pods on the public
+        TLS certificate and the gRPC + OpenAI ports."""
+        c = container(name, images["service"], args, env, None, _k8s_probe(GATEWAY_PORT, True),
+                      {"cpu": "250m", "memory": "512Mi"}, {"cpu": "2", "memory": "1Gi"},
+                      public)
+        c["ports"] = [{"name": "grpc", "containerPort": GATEWAY_PORT},
+                      {"name": "http", "containerPort": HTTP_PORT}]
+        return workload("Deployment", name, {"app": name}, [c], public_volumes, **spec)
+
+    if desc.split:
+        router = container(
+            "router", images["service"],
+            ["sloserve.services.router", "--host", "0.0.0.0", "--port", str(ROUTER_PORT),
+             *_wait(backend), *_gateway_registry(desc)],
+            [*redis_env, *internal_env], ROUTER_PORT, _k8s_probe(ROUTER_PORT, False),
+            {"cpu": "250m", "memory": "512Mi"}, {"cpu": "2", "memory": "1Gi"}, [internal_mount])
+        # one replica, and never two at once (Recreate, not a rolling update): the router
+        # is the one Controller (one ticket per HP instance, one round-robin)
+        docs += [workload("Deployment", "router", {"app": "router"}, [router],
+                          [internal_volume], replicas=1, strategy={"type": "Recreate"}),
+                 {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "router"},
+                  "spec": {"selector": {"app": "router"}, "ports": [{"port": ROUTER_PORT}]}},
+                 front("frontend", ["sloserve.services.frontend", *public_args,
+                                    "--router", f"router:{ROUTER_PORT}"], public_env,
+                       replicas=desc.frontends)]
+    else:
+        docs.append(front("gateway", ["sloserve.services.gateway", *public_args,
+                                      *_gateway_registry(desc)],
+                          [*public_env[:-2], *redis_env, *public_env[-2:]],
+                          replicas=desc.frontends))
+    app = "frontend" if desc.split else "gateway"
     docs += [
-        workload("Deployment", "gateway", {"app": "gateway"}, [gateway],
-                 [internal_volume, {"name": "public-tls",
-                                    "secret": {"secretName": "sloserve-public-tls"}}],
-                 replicas=desc.frontends),
+        # the public name stays `gateway` whichever pods answer behind it
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "gateway"},
-         "spec": {"selector": {"app": "gateway"},
+         "spec": {"selector": {"app": app},
                   "ports": [{"name": "grpc", "port": GATEWAY_PORT},
                             {"name": "http", "port": HTTP_PORT}]}},
         {"apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
-         "metadata": {"name": "gateway"},
+         "metadata": {"name": app},
          "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment",
-                                     "name": "gateway"},
+                                     "name": app},
                   "minReplicas": desc.frontends, "maxReplicas": desc.max_frontends,
                   "metrics": [{"type": "Resource", "resource": {
                       "name": "cpu", "target": {"type": "Utilization",
                                                 "averageUtilization": 70}}}]}},
-        *_network_policies(),
+        *_network_policies(desc.split),
     ]
-    header = _header(out, source,
-                     "k8s --gpu-variant" if gpu_variant else "k8s") + _K8S_NOTES
+    header = _header(out, source, "k8s --gpu-variant" if gpu_variant else "k8s") + (
+        _K8S_FRONTENDS_NOTES if desc.split else _K8S_NOTES)
     used = sorted({c["image"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")
                    for c in d["spec"]["template"]["spec"]["containers"]})
     kustomization = {
@@ -513,7 +589,11 @@ def _redis_sentinel(image: str, container: Any, workload: Any) -> list[dict[str,
     return [sts, service]
 
 
-def _network_policies() -> list[dict[str, Any]]:
+def _network_policies(split: bool) -> list[dict[str, Any]]:
+    """Deny all ingress but what the services dial. ``split``: clients -> frontends,
+    frontends -> router, router and frontends -> schedulers (a scheduler streams tokens
+    straight to the frontend that owns the request, on the frontend's own stream), router
+    -> Redis (frontends read none); else clients -> gateway -> schedulers, gateway -> Redis."""
     def policy(name: str, app: str, ingress: list[dict[str, Any]]) -> dict[str, Any]:
         return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "metadata": {"name": name},
@@ -527,17 +607,35 @@ def _network_policies() -> list[dict[str, Any]]:
         {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
          "metadata": {"name": "default-deny-ingress"},
          "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}},
-        policy("gateway-from-clients", "gateway",
-               [{"ports": [{"port": GATEWAY_PORT}, {"port": HTTP_PORT}]}]),
-        policy("scheduler-from-gateway", "instance",
-               [{"from": pods("gateway"), "ports": [{"port": SCHEDULER_PORT}]}]),
+        *([policy("frontend-from-clients", "frontend",
+                  [{"ports": [{"port": GATEWAY_PORT}, {"port": HTTP_PORT}]}]),
+           policy("router-from-frontends", "router",
+                  [{"from": pods("frontend"), "ports": [{"port": ROUTER_PORT}]}]),
+           policy("scheduler-from-router-and-frontends", "instance",
+                  [{"from": pods("router", "frontend"), "ports": [{"port": SCHEDULER_PORT}]}])]
+          if split else
+          [policy("gateway-from-clients", "gateway",
+                  [{"ports": [{"port": GATEWAY_PORT}, {"port": HTTP_PORT}]}]),
+           policy("scheduler-from-gateway", "instance",
+                  [{"from": pods("gateway"), "ports": [{"port": SCHEDULER_PORT}]}])]),
         policy("redis-from-services", "redis",  # and from its own pods: replication
-               [{"from": pods("instance", "perfmodel", "gateway", "redis"),
+               [{"from": pods("instance", "perfmodel", "router" if split else "gateway",
+                              "redis"),
                  "ports": [{"port": REDIS_PORT}, {"port": SENTINEL_PORT}]}]),
     ]
 
 
-_K8S_NOTES = """\
+_COMPOSE_FRONTENDS_NOTES = """\
+# Frontends (issue 33; `up --frontends {n}`): the router holds the one Controller and follows
+# the registry in Redis; gateway .. gateway-{last} are {n} stateless frontends in one network
+# namespace (gateway-k: network_mode service:gateway) sharing the published ports, each
+# given the router's address (router:{port}) and no Redis. Tokens go from a scheduler
+# straight to the frontend that owns the request. Recreating `gateway` recreates the
+# namespace: restart gateway-1.. after it (docker compose up -d recreates dependants).
+"""
+
+
+_K8S_HEAD = """\
 # Build and push the images, point kustomization.yaml at your registry, create the
 # secrets (never commit them), then `kubectl apply -k` this directory:
 #   kubectl create secret generic sloserve \\
@@ -548,6 +646,9 @@ _K8S_NOTES = """\
 #     --from-file=tls.key --from-file=ca.crt   # the gateway's gRPC + HTTPS certificate
 #   kubectl create secret generic sloserve-internal-tls --from-file=tls.crt \\
 #     --from-file=tls.key --from-file=ca.crt   # mutual TLS inside ($SLOSERVE_INTERNAL_*)
+"""
+
+_K8S_NOTES = _K8S_HEAD + """\
 # Certificates: the public one names the gateway's external name and 127.0.0.1 (the
 # probes); the internal one names *.instance, perfmodel, redis and 127.0.0.1.
 # Redis: 3 pods of redis-server + sentinel (quorum 2, master name "sloserve"); services
@@ -559,4 +660,23 @@ _K8S_NOTES = """\
 # in Redis under its pod's name ($(POD_NAME).instance) and the gateway follows the
 # registry: a pod that comes or goes (rescheduled, a StatefulSet scaled) joins or leaves
 # the gateway's instances (--min-instances is only how many it waits for at start).
+"""
+
+_K8S_FRONTENDS_NOTES = _K8S_HEAD + f"""\
+# Certificates: the public one names the gateway's external name and 127.0.0.1 (the
+# probes); the internal one names *.instance, router, perfmodel, redis and 127.0.0.1.
+# Redis: 3 pods of redis-server + sentinel (quorum 2, master name "sloserve"); services
+# use redis+sentinel://, so a dead master's replica is promoted and they follow it.
+# Probes run the gRPC health check inside the container with its credentials (the
+# kubelet's gRPC probe speaks no TLS).
+# The front door is `up --frontends N`'s (issue 33): the `router` Deployment (1 replica,
+# Recreate: never two) holds the one Controller and follows the registry in Redis; the
+# `frontend` Deployment (stateless; its HPA scales it) answers behind the public Service
+# `gateway` and is given the router's address (router:{ROUTER_PORT}), not Redis. Each
+# scheduler registers in Redis under its pod's name ($(POD_NAME).instance): the router
+# tells the frontends of each join and leave (--min-instances is only how many it waits
+# for at start). NetworkPolicies deny all ingress but clients -> frontends, frontends ->
+# router, router and frontends -> schedulers (tokens go from a scheduler straight to the
+# frontend that owns the request), instances, perf model and router -> Redis (a CNI that
+# enforces them: Calico, Cilium, ...).
 """

@@ -14,6 +14,7 @@ import yaml
 from sloserve.deployment import DEPLOYMENT_ENV
 from sloserve.policies import get_spec
 from sloserve.services import deployment_flags
+from sloserve.services.frontend.server import build_parser as frontend_parser
 from sloserve.services.gateway.server import build_parser as gateway_parser
 from sloserve.services.scheduler.main import build_parser as scheduler_parser
 from sloserve.services.scheduler.main import deployment_of, policy_of
@@ -65,9 +66,15 @@ def _check(services: list[tuple[str, list[str], dict[str, str]]],
         assert DEPLOYMENT_ENV in environ
         monkeypatch.setenv(DEPLOYMENT_ENV, environ[DEPLOYMENT_ENV])
 
-    (gw_args, gw_env), = [(a, e) for _, a, e in services if a[0] == "sloserve.services.gateway"]
-    handed(gw_env)
-    tbt = deployment_flags.deployment_from_args(gateway_parser().parse_args(gw_args[1:])).tbt_slo
+    # the front door: the one gateway, or the frontends (several: every one the same)
+    doors = {"sloserve.services.gateway": gateway_parser,
+             "sloserve.services.frontend": frontend_parser}
+    tbts = set()
+    for _, gw_args, gw_env in [s for s in services if s[1][0] in doors]:
+        handed(gw_env)
+        tbts.add(deployment_flags.deployment_from_args(
+            doors[gw_args[0]]().parse_args(gw_args[1:])).tbt_slo)
+    (tbt,) = tbts
     schedulers = 0
     for name, argv, environ in services:
         handed(environ)  # every service, not only the schedulers

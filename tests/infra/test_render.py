@@ -109,7 +109,7 @@ def test_the_gpu_variant_runs_vllm_executors_on_the_cuda_image_with_one_gpu_each
                     assert c["command"] == ["python", "-m"]
 
 
-def test_every_service_mounts_its_tls_secret_and_the_gateway_autoscales() -> None:
+def test_every_service_mounts_its_tls_secret_and_the_frontends_autoscale() -> None:
     desc = load_description((DEPLOYMENTS / "k8s-cpu.yaml").read_text())
     docs = _docs(render_k8s(desc)["sloserve.yaml"])
     pods = {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs
@@ -126,13 +126,14 @@ def test_every_service_mounts_its_tls_secret_and_the_gateway_autoscales() -> Non
                         "SLOSERVE_INTERNAL_KEY"):
                 mounted = mounts[str(Path(env[var]).parent)]
                 assert secrets[mounted] == "sloserve-internal-tls", (name, var)
-    gw = pods["gateway"]["containers"][0]
+    gw = pods["frontend"]["containers"][0]
     cert = Path(gw["args"][gw["args"].index("--tls-cert") + 1])
     mounts = {m["mountPath"]: m["name"] for m in gw["volumeMounts"]}
-    volumes = {v["name"]: v["secret"]["secretName"] for v in pods["gateway"]["volumes"]}
+    volumes = {v["name"]: v["secret"]["secretName"] for v in pods["frontend"]["volumes"]}
     assert volumes[mounts[str(cert.parent)]] == "sloserve-public-tls"
+    assert "public-tls" not in {v["name"] for v in pods["router"]["volumes"]}
     hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")["spec"]
-    assert hpa["scaleTargetRef"]["name"] == "gateway"
+    assert hpa["scaleTargetRef"]["name"] == "frontend"
     assert (hpa["minReplicas"], hpa["maxReplicas"]) == (desc.frontends, desc.max_frontends)
 
 
@@ -164,23 +165,108 @@ def test_the_cli_refuses_a_bad_description_and_writes_nothing(tmp_path: Path) ->
     assert not (tmp_path / "k8s").exists()
 
 
-def test_compose_refuses_more_than_one_frontend() -> None:
-    with pytest.raises(ValueError, match="^frontends:"):
-        render_compose(load_description(FOUR + "frontends: 2\n"))
+def _controllers(desc_text: str) -> list[tuple[str, int]]:
+    """``(name, most replicas it may run)`` of every rendered workload that runs a
+    Controller (the gateway's or the router's), k8s (HPA ceilings counted) and compose."""
+    desc = load_description(desc_text)
+    docs = _docs(render_k8s(desc)["sloserve.yaml"])
+    ceiling = {d["spec"]["scaleTargetRef"]["name"]: d["spec"]["maxReplicas"]
+               for d in docs if d["kind"] == "HorizontalPodAutoscaler"}
+    out = [(f"k8s/{d['metadata']['name']}",
+            ceiling.get(d["metadata"]["name"], d["spec"].get("replicas", 1)))
+           for d in docs if d["kind"] == "Deployment"
+           for c in d["spec"]["template"]["spec"]["containers"]
+           if c["args"][0] in ("sloserve.services.gateway", "sloserve.services.router")]
+    out += [(f"compose/{name}", s.get("deploy", {}).get("replicas", 1)) for name, s in
+            yaml.safe_load(render_compose(desc))["services"].items()
+            if s["command"][0] in ("sloserve.services.gateway", "sloserve.services.router")]
+    return out
+
+
+@pytest.mark.parametrize("extra", ["", "frontends: 1\nmax_frontends: 1\n",
+                                   "frontends: 3\n", "frontends: 2\nmax_frontends: 6\n"])
+def test_one_controller_whatever_the_frontends(extra: str) -> None:
+    """Ascendra's one ticket per HP instance and round-robin need one Controller (issue
+    33): however many frontends a description asks for, and however far the HPA may scale
+    them, each rendering runs exactly one gateway-or-router, never more than one replica
+    (a router is replaced, not rolled: Recreate)."""
+    got = _controllers(FOUR + extra)
+    assert sorted(n.split("/")[0] for n, _ in got) == ["compose", "k8s"], got
+    assert all(most == 1 for _, most in got), got
+    docs = _docs(render_k8s(load_description(FOUR + extra))["sloserve.yaml"])
+    for d in docs:
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "router":
+            assert d["spec"]["strategy"] == {"type": "Recreate"}
+
+
+def test_one_gateway_where_there_is_only_ever_one_else_a_router_and_frontends() -> None:
+    """``frontends: 1`` in compose, and ``max_frontends: 1`` in k8s, render the one gateway
+    as before (no router); more render ``up --frontends N``'s processes."""
+    single = FOUR + "frontends: 1\nmax_frontends: 1\n"
+    names = {d["metadata"]["name"] for d in _docs(render_k8s(load_description(single))[
+        "sloserve.yaml"]) if d["kind"] == "Deployment"}
+    assert names == {"perfmodel", "gateway"}
+    services = yaml.safe_load(render_compose(load_description(FOUR)))["services"]
+    assert "router" not in services and services["gateway"]["command"][0] == \
+        "sloserve.services.gateway"
+    docs = _docs(render_k8s(load_description(FOUR + "frontends: 3\n"))["sloserve.yaml"])
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    assert by["Deployment", "frontend"]["spec"]["replicas"] == 3
+    assert by["HorizontalPodAutoscaler", "frontend"]["spec"]["minReplicas"] == 3
+    assert ("Deployment", "gateway") not in by
+
+
+def test_compose_with_n_frontends_runs_the_router_and_n_frontends_on_the_published_ports(
+        ) -> None:
+    """Compose, ``frontends: 3``: the router follows the registry (REDIS_URL, waits for
+    every instance, after the schedulers are healthy); ``gateway`` publishes the ports and
+    ``gateway-1``, ``gateway-2`` share its network namespace, so the three share the ports
+    as ``up --frontends 3``'s do (SO_REUSEPORT); each is given the router, not Redis."""
+    services = yaml.safe_load(render_compose(load_description(FOUR + "frontends: 3\n")))[
+        "services"]
+    router = services["router"]
+    cmd = router["command"]
+    assert cmd[0] == "sloserve.services.router" and cmd[cmd.index("--min-instances") + 1] == "4"
+    assert cmd[cmd.index("--port") + 1] == "50052" and "--scheduler" not in cmd
+    assert "REDIS_URL" in router["environment"]
+    assert {n for n, c in router["depends_on"].items() if c["condition"] == "service_healthy"
+            } == {"redis", *(f"scheduler-{i}" for i in ("lp0", "lp1", "hp2", "hp3"))}
+    fronts = sorted(n for n, s in services.items()
+                    if s["command"][0] == "sloserve.services.frontend")
+    assert fronts == ["gateway", "gateway-1", "gateway-2"]
+    for k, name in enumerate(fronts):
+        svc = services[name]
+        cmd = svc["command"]
+        assert cmd[cmd.index("--router") + 1] == "router:50052"
+        assert cmd[cmd.index("--index") + 1] == str(k)
+        assert cmd[cmd.index("--port") + 1] == "50051" and cmd[cmd.index("--http-port") + 1] \
+            == "8000"
+        assert "REDIS_URL" not in svc["environment"]
+        assert svc["depends_on"]["router"] == {"condition": "service_healthy"}
+        if k:
+            assert svc["network_mode"] == "service:gateway"
+            assert "ports" not in svc and "networks" not in svc
+    assert len(services["gateway"]["ports"]) == 2
+    assert "front" in services["gateway"]["networks"]
 
 
 def test_every_rendered_service_command_parses_with_that_services_own_flags() -> None:
     """Compose, k8s and its GPU variant, for the checked-in descriptions and 4 instances:
     an unknown flag or a bad choice (``--backend``) makes the service's parser exit."""
     from sloserve.services.executor.server import build_parser as executor
+    from sloserve.services.frontend.server import build_parser as frontend
     from sloserve.services.gateway.server import build_parser as gateway
     from sloserve.services.perfmodel.server import build_parser as perfmodel
+    from sloserve.services.router.server import build_parser as router
     from sloserve.services.scheduler.main import build_parser as scheduler
 
     parsers = {"sloserve.services.executor": executor, "sloserve.services.gateway": gateway,
                "sloserve.services.perfmodel": perfmodel,
-               "sloserve.services.scheduler": scheduler}
-    texts = [FOUR] + [p.read_text() for p in sorted(DEPLOYMENTS.glob("*.yaml"))]
+               "sloserve.services.scheduler": scheduler,
+               "sloserve.services.router": router, "sloserve.services.frontend": frontend}
+    texts = [FOUR, FOUR.replace("backend: sim", "backend: vllm") + "frontends: 2\n",
+             FOUR + "frontends: 1\nmax_frontends: 1\n"] + [
+        p.read_text() for p in sorted(DEPLOYMENTS.glob("*.yaml"))]
     commands: list[list[str]] = []
     for text in texts:
         desc = load_description(text)
@@ -199,14 +285,15 @@ def test_every_rendered_service_command_parses_with_that_services_own_flags() ->
 
 
 def test_each_backend_gets_ups_start_budget_in_probes_and_connect_timeouts() -> None:
-    """A vLLM executor loads its model for minutes: the startup probe, the scheduler's
-    and the gateway's ``--connect-timeout`` wait as long as ``up`` does (stack.py)."""
+    """A vLLM executor loads its model for minutes: the startup probe, the scheduler's,
+    the gateway's, the router's and the frontends' ``--connect-timeout`` wait as long as
+    ``up`` does (stack.py)."""
     from sloserve.render import START_S
     from sloserve.services.stack import start_budget
 
     assert START_S == {b: start_budget(b) for b in START_S}
-    for backend in START_S:
-        desc = load_description(FOUR + f"backend: {backend}\n")
+    for backend, shape in [(b, s) for b in START_S for s in ("", "max_frontends: 1\n")]:
+        desc = load_description(FOUR.replace("backend: sim", f"backend: {backend}") + shape)
         docs = _docs(render_k8s(desc)["sloserve.yaml"])
         for name, containers in _containers(docs).items():
             for c in containers:
@@ -215,7 +302,7 @@ def test_each_backend_gets_ups_start_budget_in_probes_and_connect_timeouts() -> 
                 startup = c["startupProbe"]
                 assert startup["periodSeconds"] * startup["failureThreshold"] == \
                     start_budget(backend), (name, c["name"])
-                if c["name"] in ("scheduler", "gateway"):
+                if c["name"] in ("scheduler", "gateway", "router", "frontend"):
                     waits = [float(c["args"][i + 1]) for i, a in enumerate(c["args"])
                              if a == "--connect-timeout"]
                     assert waits == ([start_budget(backend)] if backend != "sim" else [])

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import grpc
 import httpx
+import pytest
 
 from sloserve.services.drills.openai_burst import burst, expected_text
 from sloserve.services.proto import gateway_grpc, gateway_pb2
@@ -162,3 +165,31 @@ def test_prefix_routing_through_two_frontends_keeps_each_prefix_on_one_instance(
     groups = [{where[f"p-{k}"] for k in range(g * 4, g * 4 + 4)} for g in range(3)]
     assert all(len(g) == 1 for g in groups), groups
     assert len(set.union(*groups)) == 3, groups
+
+
+def test_a_frontend_refuses_the_gateway_flags_it_has_no_use_for_naming_each(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A frontend reads no registry, registers nothing and holds no Controller: each such
+    gateway flag is refused by name (exit 2) instead of accepted and ignored; the command
+    ``up --frontends 2`` gives each frontend parses."""
+    from sloserve.services.frontend.server import NOT_HERE, build_parser
+    from sloserve.services.stack import StackConfig
+
+    for flag in [*NOT_HERE, "--clock"]:
+        value = "virtual" if flag == "--clock" else "x"
+        with pytest.raises(SystemExit) as exc:
+            build_parser().parse_args(["--router", "r:1", flag, value])
+        assert exc.value.code == 2, flag
+        assert flag in capsys.readouterr().err, flag
+    stack = Stack(StackConfig(frontends=2))
+    stack.plan()
+    frontends = [s.argv for s in stack.services.values()
+                 if "sloserve.services.frontend" in s.argv]
+    assert len(frontends) == 2
+    for argv in frontends:
+        args = build_parser().parse_args(argv[argv.index("sloserve.services.frontend") + 1:])
+        assert args.router and args.redis_url is None
+    done = subprocess.run([sys.executable, "-m", "sloserve.services.frontend", "--router",
+                           "127.0.0.1:1", "--prefix", "p"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--prefix: a frontend reads no registry" in done.stderr

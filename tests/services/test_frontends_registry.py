@@ -29,6 +29,9 @@ from sloserve.services.stack import Service, Stack
 
 FRONTENDS = ("gateway", "gateway-1")
 LATE = "lp2"
+# output tokens of a re-attach test's requests: still running when their clients come back
+LONG = 400
+SHORT, ENDED_WAIT_S = 40, 6.0  # requests that end (well within the wait) before re-attach
 
 
 def own_connection(target: str) -> tuple[grpc.Channel, gateway_grpc.GatewayStub]:
@@ -192,6 +195,128 @@ def test_after_a_whole_stack_restart_each_restored_request_resumes_at_its_adopti
     assert [o.row() for o in outcomes if not o.resumed] == []
     print(f"\nfrontends restart ({signal.Signals(sig).name}): down {down:.1f} s; adopted "
           f"{sorted(adopter.values())}; 8/8 resumed; load {os.getloadavg()[0]:.2f}")
+
+
+def test_after_a_whole_stack_crash_a_client_re_attaches_through_the_other_frontend(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """Each client re-attaches at the frontend that did NOT adopt its request (as the
+    kernel may pick): that frontend asks the router, the adopter hands the request over
+    (it had no client), the asker claims it on the scheduler and streams the rest, every
+    token exact and in order; neither frontend answers NOT_FOUND."""
+    stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0)
+    logs = stack.cfg.log_dir
+    assert logs is not None
+    adopter: dict[str, str] = {}
+
+    def at_the_other(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        time.sleep(1.0)  # the schedulers' offers reach the frontends as they connect
+        for fe in FRONTENDS:
+            for e in events(logs / f"{fe}.log", "request_restored"):
+                adopter[str(e["request_id"])] = fe
+        clients = {fe: Client(s.services[fe].address) for fe in FRONTENDS}
+        # every client at once, while its request still runs (one that ended unattached
+        # stays on its adopter: not yet handed over, docs/architecture.md "Not yet")
+        threads = [threading.Thread(target=attach_all, args=(
+            clients[fe], [o for o in outcomes if adopter.get(o.request_id) not in (None, fe)],
+            max_tokens), kwargs={"deadline_s": 60}) for fe in FRONTENDS]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        for c in clients.values():
+            c.close()
+
+    outcomes, down = drill(stack, 8, LONG, signal.SIGKILL, reattach=at_the_other)
+    assert sorted(adopter) == sorted(o.request_id for o in outcomes), adopter
+    assert all(0 < o.before < LONG for o in outcomes)  # every one cut mid-stream
+    assert [o.row() for o in outcomes if not o.resumed] == []
+    handed = {str(e["request_id"]).rpartition("/")[2]: fe for fe in FRONTENDS
+              for e in events(logs / f"{fe}.log", "request_handed_over")}
+    taken = {str(e["request_id"]).rpartition("/")[2]: fe for fe in FRONTENDS
+             for e in events(logs / f"{fe}.log", "request_taken_over")}
+    for o in outcomes:
+        rid = o.request_id.rpartition("/")[2]
+        assert handed.get(rid) == adopter[o.request_id] != taken.get(rid), (rid, handed, taken)
+    print(f"\nre-attach through the other frontend: down {down:.1f} s; 8/8 resumed, each "
+          f"handed over once; load {os.getloadavg()[0]:.2f}")
+
+
+def test_a_request_that_ended_unattached_is_replayed_through_the_other_frontend(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """After a whole-stack crash the restored requests run to their end before any
+    client comes back; each client then re-attaches through the frontend that did not
+    adopt its request: the adopter hands over what it kept (every token, nothing runs)
+    and the other frontend replays it, exact, to its end."""
+    stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0)
+    logs = stack.cfg.log_dir
+    assert logs is not None
+    adopter: dict[str, str] = {}
+
+    def after_the_end(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        time.sleep(ENDED_WAIT_S)  # the restored requests end, unattached, at the adopter
+        for fe in FRONTENDS:
+            for e in events(logs / f"{fe}.log", "request_restored"):
+                adopter[str(e["request_id"])] = fe
+        for fe in FRONTENDS:
+            client = Client(s.services[fe].address)
+            attach_all(client, [o for o in outcomes if adopter.get(o.request_id) not in
+                                (None, fe)], max_tokens, deadline_s=60)
+            client.close()
+
+    outcomes, _ = drill(stack, 8, SHORT, signal.SIGKILL, prefix="ended", reattach=after_the_end)
+    assert sorted(adopter) == sorted(o.request_id for o in outcomes), adopter
+    assert [o.row() for o in outcomes if not o.resumed] == []
+    handed = [e for fe in FRONTENDS for e in events(logs / f"{fe}.log", "request_handed_over")]
+    assert len(handed) == 8 and all(e["ended"] for e in handed), handed
+    print(f"\nended-unattached re-attach through the other frontend: 8/8 replayed whole; "
+          f"load {os.getloadavg()[0]:.2f}")
+
+
+def test_after_a_whole_stack_crash_http_clients_re_attach_on_the_shared_port(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """``GET /v1/completions/{id}?stream=true&starting_after=N`` on the port both frontends
+    share, a new connection each (the kernel picks the frontend): every stream's rest comes
+    back whole, whichever frontend adopted it; at least one went through the other one
+    (8 connections, each landing on either: all 8 on the adopter has odds of 1/256)."""
+    from sloserve.services.store import free_port
+
+    stack = start_stack(policy="sarathi", instances=2, frontends=2, time_scale=2.0,
+                        http_port=free_port())
+    logs = stack.cfg.log_dir
+    assert logs is not None
+
+    def over_http(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
+        threads = [threading.Thread(target=one, args=(s, o)) for o in outcomes]
+        for t in threads:  # every client at once, while its request still runs
+            t.start()
+        for t in threads:
+            t.join(timeout=180)
+
+    def one(s: Stack, o: Outcome) -> None:
+        url = f"{s.http}/v1/completions/cmpl-{o.request_id}"
+        params = {"starting_after": str(o.before - 1), "stream": "true"}
+        for _ in range(100):  # 503 while a frontend reconnects to its instances
+            r = httpx.get(url, params=params, timeout=120)  # a new connection each
+            if r.status_code != 503:
+                break
+            time.sleep(0.1)
+        chunks = [json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")]
+        o.after = len(chunks)
+        o.resumed = (r.status_code == 200 and bool(chunks)
+                     and r.text.rstrip().endswith("data: [DONE]")
+                     and chunks[-1]["choices"][0]["finish_reason"] == "length")
+        if not o.resumed:
+            o.status = f"HTTP {r.status_code}: {r.text[-200:]}"
+
+    outcomes, down = drill(stack, 8, LONG, signal.SIGKILL, prefix="http", reattach=over_http)
+    assert [o.row() for o in outcomes if not o.resumed] == []
+    taken = [e for fe in FRONTENDS for e in events(logs / f"{fe}.log", "request_taken_over")]
+    assert taken, "every connection landed on the adopting frontend (odds 1/256): rerun"
+    print(f"\nHTTP re-attach on the shared port: down {down:.1f} s; 8/8 resumed, "
+          f"{len(taken)} through the other frontend; load {os.getloadavg()[0]:.2f}")
 
 
 def test_a_frontend_given_a_scheduler_list_is_refused_naming_the_flag() -> None:

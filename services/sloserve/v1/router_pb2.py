@@ -22,34 +22,37 @@ _runtime_version.ValidateProtobufRuntimeVersion(
 _sym_db = _symbol_database.Default()
 
 
+from sloserve.v1 import common_pb2 as sloserve_dot_v1_dot_common__pb2
 from sloserve.v1 import scheduler_pb2 as sloserve_dot_v1_dot_scheduler__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sloserve/v1/router.proto\x12\x0bsloserve.v1\x1a\x1bsloserve/v1/scheduler.proto\"E\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07started\x18\x03 \x01(\x08\"L\n\x0bRouterHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12(\n\x08inflight\x18\x02 \x03(\x0b\x32\x16.sloserve.v1.Placement\"\xb6\x01\n\x08RouteAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrival_time\x18\x02 \x01(\x01\x12\x12\n\nprompt_len\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x10\n\x08hash_ids\x18\x06 \x03(\x03\x12\x11\n\thash_unit\x18\x07 \x01(\x05\x12\x10\n\x08ttft_slo\x18\x08 \x01(\x01\x12\x0f\n\x07tbt_slo\x18\t \x01(\x01\"4\n\x0e\x44roppedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"a\n\tScheduled\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x11\n\toffloaded\x18\x02 \x03(\t\x12,\n\x07\x64ropped\x18\x03 \x03(\x0b\x32\x1b.sloserve.v1.DroppedRequest\"\xdf\x01\n\x0bRouterInput\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.sloserve.v1.RouterHelloH\x00\x12&\n\x05route\x18\x02 \x01(\x0b\x32\x15.sloserve.v1.RouteAskH\x00\x12+\n\tscheduled\x18\x03 \x01(\x0b\x32\x16.sloserve.v1.ScheduledH\x00\x12\x10\n\x06\x63\x61ncel\x18\x04 \x01(\tH\x00\x12(\n\x06placed\x18\x06 \x01(\x0b\x32\x16.sloserve.v1.PlacementH\x00\x12\x0c\n\x04time\x18\x05 \x01(\x01\x42\x06\n\x04kind\"l\n\x0cRouterAction\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x14\n\x0cnum_offloads\x18\x05 \x01(\x05\"\x81\x01\n\rInstanceEvent\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x06status\x18\x03 \x01(\x0b\x32\x1c.sloserve.v1.SchedulerStatus\x12\x0c\n\x04left\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"{\n\x0cRouterOutput\x12*\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x19.sloserve.v1.RouterAction\x12-\n\tinstances\x18\x02 \x03(\x0b\x32\x1a.sloserve.v1.InstanceEvent\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x32L\n\x06Router\x12\x42\n\x07\x43ontrol\x12\x18.sloserve.v1.RouterInput\x1a\x19.sloserve.v1.RouterOutput(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18sloserve/v1/router.proto\x12\x0bsloserve.v1\x1a\x18sloserve/v1/common.proto\x1a\x1bsloserve/v1/scheduler.proto\"E\n\tPlacement\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0f\n\x07started\x18\x03 \x01(\x08\"L\n\x0bRouterHello\x12\x13\n\x0b\x66rontend_id\x18\x01 \x01(\t\x12(\n\x08inflight\x18\x02 \x03(\x0b\x32\x16.sloserve.v1.Placement\"\xb6\x01\n\x08RouteAsk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x14\n\x0c\x61rrival_time\x18\x02 \x01(\x01\x12\x12\n\nprompt_len\x18\x03 \x01(\x05\x12\x12\n\nmax_tokens\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x05\x12\x10\n\x08hash_ids\x18\x06 \x03(\x03\x12\x11\n\thash_unit\x18\x07 \x01(\x05\x12\x10\n\x08ttft_slo\x18\x08 \x01(\x01\x12\x0f\n\x07tbt_slo\x18\t \x01(\x01\"4\n\x0e\x44roppedRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"a\n\tScheduled\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x11\n\toffloaded\x18\x02 \x03(\t\x12,\n\x07\x64ropped\x18\x03 \x03(\x0b\x32\x1b.sloserve.v1.DroppedRequest\"l\n\x08Handover\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\'\n\x05\x65nded\x18\x04 \x01(\x0b\x32\x18.sloserve.v1.RequestSpec\"\x9a\x02\n\x0bRouterInput\x12)\n\x05hello\x18\x01 \x01(\x0b\x32\x18.sloserve.v1.RouterHelloH\x00\x12&\n\x05route\x18\x02 \x01(\x0b\x32\x15.sloserve.v1.RouteAskH\x00\x12+\n\tscheduled\x18\x03 \x01(\x0b\x32\x16.sloserve.v1.ScheduledH\x00\x12\x10\n\x06\x63\x61ncel\x18\x04 \x01(\tH\x00\x12(\n\x06placed\x18\x06 \x01(\x0b\x32\x16.sloserve.v1.PlacementH\x00\x12\x10\n\x06locate\x18\x07 \x01(\tH\x00\x12\'\n\x06handed\x18\x08 \x01(\x0b\x32\x15.sloserve.v1.HandoverH\x00\x12\x0c\n\x04time\x18\x05 \x01(\x01\x42\x06\n\x04kind\"l\n\x0cRouterAction\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x13\n\x0binstance_id\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x14\n\x0cnum_offloads\x18\x05 \x01(\x05\"\x81\x01\n\rInstanceEvent\x12\x13\n\x0binstance_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12,\n\x06status\x18\x03 \x01(\x0b\x32\x1c.sloserve.v1.SchedulerStatus\x12\x0c\n\x04left\x18\x04 \x01(\x08\x12\x0e\n\x06reason\x18\x05 \x01(\t\"\xb5\x01\n\x0cRouterOutput\x12*\n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x19.sloserve.v1.RouterAction\x12-\n\tinstances\x18\x02 \x03(\x0b\x32\x1a.sloserve.v1.InstanceEvent\x12\x10\n\x08snapshot\x18\x03 \x01(\x08\x12\x10\n\x08handover\x18\x04 \x03(\t\x12&\n\x07located\x18\x05 \x03(\x0b\x32\x15.sloserve.v1.Handover2L\n\x06Router\x12\x42\n\x07\x43ontrol\x12\x18.sloserve.v1.RouterInput\x1a\x19.sloserve.v1.RouterOutput(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'sloserve.v1.router_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PLACEMENT']._serialized_start=70
-  _globals['_PLACEMENT']._serialized_end=139
-  _globals['_ROUTERHELLO']._serialized_start=141
-  _globals['_ROUTERHELLO']._serialized_end=217
-  _globals['_ROUTEASK']._serialized_start=220
-  _globals['_ROUTEASK']._serialized_end=402
-  _globals['_DROPPEDREQUEST']._serialized_start=404
-  _globals['_DROPPEDREQUEST']._serialized_end=456
-  _globals['_SCHEDULED']._serialized_start=458
-  _globals['_SCHEDULED']._serialized_end=555
-  _globals['_ROUTERINPUT']._serialized_start=558
-  _globals['_ROUTERINPUT']._serialized_end=781
-  _globals['_ROUTERACTION']._serialized_start=783
-  _globals['_ROUTERACTION']._serialized_end=891
-  _globals['_INSTANCEEVENT']._serialized_start=894
-  _globals['_INSTANCEEVENT']._serialized_end=1023
-  _globals['_ROUTEROUTPUT']._serialized_start=1025
-  _globals['_ROUTEROUTPUT']._serialized_end=1148
-  _globals['_ROUTER']._serialized_start=1150
-  _globals['_ROUTER']._serialized_end=1226
+  _globals['_PLACEMENT']._serialized_start=96
+  _globals['_PLACEMENT']._serialized_end=165
+  _globals['_ROUTERHELLO']._serialized_start=167
+  _globals['_ROUTERHELLO']._serialized_end=243
+  _globals['_ROUTEASK']._serialized_start=246
+  _globals['_ROUTEASK']._serialized_end=428
+  _globals['_DROPPEDREQUEST']._serialized_start=430
+  _globals['_DROPPEDREQUEST']._serialized_end=482
+  _globals['_SCHEDULED']._serialized_start=484
+  _globals['_SCHEDULED']._serialized_end=581
+  _globals['_HANDOVER']._serialized_start=583
+  _globals['_HANDOVER']._serialized_end=691
+  _globals['_ROUTERINPUT']._serialized_start=694
+  _globals['_ROUTERINPUT']._serialized_end=976
+  _globals['_ROUTERACTION']._serialized_start=978
+  _globals['_ROUTERACTION']._serialized_end=1086
+  _globals['_INSTANCEEVENT']._serialized_start=1089
+  _globals['_INSTANCEEVENT']._serialized_end=1218
+  _globals['_ROUTEROUTPUT']._serialized_start=1221
+  _globals['_ROUTEROUTPUT']._serialized_end=1402
+  _globals['_ROUTER']._serialized_start=1404
+  _globals['_ROUTER']._serialized_end=1480
 # @@protoc_insertion_point(module_scope)

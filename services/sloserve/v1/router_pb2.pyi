@@ -16,6 +16,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from sloserve.v1 import common_pb2 as _common_pb2
 from sloserve.v1 import scheduler_pb2 as _scheduler_pb2
 import builtins as _builtins
 import sys
@@ -181,6 +182,48 @@ class Scheduled(_message.Message):
 Global___Scheduled: _TypeAlias = Scheduled  # noqa: Y015
 
 @_typing.final
+class Handover(_message.Message):
+    """A client re-attaches (Gateway.Attach) at a frontend that does not hold its restored
+    request: that frontend asks the router where it is (RouterInput.locate); the router
+    asks the frontend that adopted it to hand it over (RouterOutput.handover), which lets
+    it go if no client is attached there (RouterInput.handed); the router answers the
+    asker (RouterOutput.located), which claims it on the instance's scheduler stream
+    (SchedulerInput.claim) and adopts it from the scheduler's offer.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REQUEST_ID_FIELD_NUMBER: _builtins.int
+    INSTANCE_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ENDED_FIELD_NUMBER: _builtins.int
+    request_id: _builtins.str
+    instance_id: _builtins.str
+    """where it runs (ran); "": not handed over (reason says why)"""
+    reason: _builtins.str
+    @_builtins.property
+    def ended(self) -> _common_pb2.RequestSpec:
+        """It ended there with no client attached: everything it produced (no claim: the
+        asker serves the Attach from this).
+        """
+
+    def __init__(
+        self,
+        *,
+        request_id: _builtins.str = ...,
+        instance_id: _builtins.str = ...,
+        reason: _builtins.str = ...,
+        ended: _common_pb2.RequestSpec | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["ended", b"ended", "instance_id", b"instance_id", "reason", b"reason", "request_id", b"request_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Handover: _TypeAlias = Handover  # noqa: Y015
+
+@_typing.final
 class RouterInput(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -189,9 +232,13 @@ class RouterInput(_message.Message):
     SCHEDULED_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     PLACED_FIELD_NUMBER: _builtins.int
+    LOCATE_FIELD_NUMBER: _builtins.int
+    HANDED_FIELD_NUMBER: _builtins.int
     TIME_FIELD_NUMBER: _builtins.int
     cancel: _builtins.str
     """request id: the client went away or the request ended early"""
+    locate: _builtins.str
+    """request id a client re-attaches to here, held by another"""
     time: _builtins.float
     """the frontend's clock"""
     @_builtins.property
@@ -204,6 +251,10 @@ class RouterInput(_message.Message):
     def placed(self) -> Global___Placement:
         """a restored request this frontend adopted (it owns it now)"""
 
+    @_builtins.property
+    def handed(self) -> Global___Handover:
+        """this frontend's answer to a handover"""
+
     def __init__(
         self,
         *,
@@ -212,13 +263,15 @@ class RouterInput(_message.Message):
         scheduled: Global___Scheduled | None = ...,
         cancel: _builtins.str = ...,
         placed: Global___Placement | None = ...,
+        locate: _builtins.str = ...,
+        handed: Global___Handover | None = ...,
         time: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "placed", b"placed", "route", b"route", "scheduled", b"scheduled"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "handed", b"handed", "hello", b"hello", "kind", b"kind", "locate", b"locate", "placed", b"placed", "route", b"route", "scheduled", b"scheduled"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "hello", b"hello", "kind", b"kind", "placed", b"placed", "route", b"route", "scheduled", b"scheduled", "time", b"time"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "handed", b"handed", "hello", b"hello", "kind", b"kind", "locate", b"locate", "placed", b"placed", "route", b"route", "scheduled", b"scheduled", "time", b"time"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "route", "scheduled", "cancel", "placed"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "route", "scheduled", "cancel", "placed", "locate", "handed"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
@@ -307,21 +360,33 @@ class RouterOutput(_message.Message):
     ACTIONS_FIELD_NUMBER: _builtins.int
     INSTANCES_FIELD_NUMBER: _builtins.int
     SNAPSHOT_FIELD_NUMBER: _builtins.int
+    HANDOVER_FIELD_NUMBER: _builtins.int
+    LOCATED_FIELD_NUMBER: _builtins.int
     snapshot: _builtins.bool
     @_builtins.property
     def actions(self) -> _containers.RepeatedCompositeFieldContainer[Global___RouterAction]: ...
     @_builtins.property
     def instances(self) -> _containers.RepeatedCompositeFieldContainer[Global___InstanceEvent]: ...
+    @_builtins.property
+    def handover(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """request ids to hand over (to the frontend holding them)"""
+
+    @_builtins.property
+    def located(self) -> _containers.RepeatedCompositeFieldContainer[Global___Handover]:
+        """answers to this frontend's locate"""
+
     def __init__(
         self,
         *,
         actions: _abc.Iterable[Global___RouterAction] | None = ...,
         instances: _abc.Iterable[Global___InstanceEvent] | None = ...,
         snapshot: _builtins.bool = ...,
+        handover: _abc.Iterable[_builtins.str] | None = ...,
+        located: _abc.Iterable[Global___Handover] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "instances", b"instances", "snapshot", b"snapshot"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["actions", b"actions", "handover", b"handover", "instances", b"instances", "located", b"located", "snapshot", b"snapshot"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

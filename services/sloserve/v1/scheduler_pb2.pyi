@@ -66,12 +66,19 @@ class SchedulerInput(_message.Message):
     SUBMIT_FIELD_NUMBER: _builtins.int
     CANCEL_FIELD_NUMBER: _builtins.int
     DETACH_FIELD_NUMBER: _builtins.int
+    CLAIM_FIELD_NUMBER: _builtins.int
     cancel: _builtins.str
     """request id"""
     detach: _builtins.bool
     """A frontend of several stopping cleanly (a whole-stack stop): its requests run on,
     unowned, and are offered to the next frontend that connects (as restored ones),
     instead of cancelled when its stream ends (a frontend's death).
+    """
+    claim: _builtins.str
+    """A frontend of several takes over this request id (a client re-attaches there; the
+    frontend that adopted it handed it over, through the router): the request is its
+    own from now on, and it is offered the request with every token so far
+    (SchedulerOutput.restored). Unknown here: nothing is sent.
     """
     @_builtins.property
     def hello(self) -> Global___Hello: ...
@@ -84,12 +91,13 @@ class SchedulerInput(_message.Message):
         submit: _common_pb2.RequestSpec | None = ...,
         cancel: _builtins.str = ...,
         detach: _builtins.bool = ...,
+        claim: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["cancel", b"cancel", "claim", b"claim", "detach", b"detach", "hello", b"hello", "kind", b"kind", "submit", b"submit"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "submit", "cancel", "detach"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["hello", "submit", "cancel", "detach", "claim"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 

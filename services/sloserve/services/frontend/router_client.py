@@ -46,6 +46,9 @@ class RouterClient:
         self.location: dict[str, str] = {}  # this frontend's requests only
         self.started: set[str] = set()  # ... that have their first token
         self.pending: set[str] = set()  # asked, not yet answered
+        # a handover the router asks for: this frontend's answer (``FrontendService``)
+        self.on_handover: Callable[[str], router_pb2.Handover] | None = None
+        self._locating: dict[str, asyncio.Future[router_pb2.Handover]] = {}
         self._q: asyncio.Queue[router_pb2.RouterInput | None] | None = None
         self.connected = asyncio.Event()
         self.stub = router_grpc.RouterStub(rpc.channel(target))
@@ -123,6 +126,30 @@ class RouterClient:
                                       started=True)
         self._send(router_pb2.RouterInput(placed=placed, time=now))
 
+    async def locate(self, request_id: str, timeout: float) -> router_pb2.Handover:
+        """Ask the router for ``request_id``, held by another frontend: handed over to this
+        one (``instance_id`` set: claim it there) or not (``reason``)."""
+        fut: asyncio.Future[router_pb2.Handover] = asyncio.get_running_loop().create_future()
+        self._locating[request_id] = fut
+        try:
+            if not self._send(router_pb2.RouterInput(locate=request_id)):
+                return router_pb2.Handover(request_id=request_id, reason=ROUTER_DOWN)
+            return await asyncio.wait_for(fut, timeout)
+        except TimeoutError:
+            return router_pb2.Handover(request_id=request_id, reason="the router did not "
+                                       f"answer in {timeout:g} s")
+        finally:
+            self._locating.pop(request_id, None)
+
+    def _handovers(self, out: router_pb2.RouterOutput) -> None:
+        for rid in out.handover:
+            h = (self.on_handover(rid) if self.on_handover is not None else
+                 router_pb2.Handover(request_id=rid, reason="not serving yet"))
+            self._send(router_pb2.RouterInput(handed=h))
+        for h in out.located:
+            if (fut := self._locating.get(h.request_id)) is not None and not fut.done():
+                fut.set_result(h)
+
     # --- the stream ---------------------------------------------------------------------
     def placed(self, action: Action) -> None:
         """Mirror one of the router's actions on a request this frontend still holds."""
@@ -169,6 +196,8 @@ class RouterClient:
                                       instances=len(out.instances))
                     if out.actions:
                         self._on_actions([(_action(a), a.num_offloads) for a in out.actions])
+                    if out.handover or out.located:
+                        self._handovers(out)
                     if self.on_instances is not None and any(e.left for e in out.instances):
                         self.on_instances(_leaves(out))
             except grpc.aio.AioRpcError as exc:

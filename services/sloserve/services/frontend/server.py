@@ -21,18 +21,28 @@ import socket
 import time
 import uuid
 
+import grpc
 from fastapi import FastAPI
 
 from sloserve.controller import Action, Dispatch
 from sloserve.services import obs, rpc
+from sloserve.services.convert import request_of
 from sloserve.services.frontend.router_client import RouterClient
 from sloserve.services.gateway import server as gateway
-from sloserve.services.gateway.server import GatewayService
+from sloserve.services.gateway.server import (
+    Flight,
+    GatewayError,
+    GatewayService,
+    owner_of,
+    scoped_id,
+)
+from sloserve.services.gateway.stream import TokenStream
 from sloserve.services.memtrim import trim_when_grown
-from sloserve.services.proto import SERVICE_NAMES, gateway_grpc, router_pb2
+from sloserve.services.proto import SERVICE_NAMES, common_pb2, gateway_grpc, router_pb2
 from sloserve.services.tls import ServerTLS
 
 BACKLOG = 2048
+TAKEOVER_S = 5.0  # a re-attach through another frontend: each step's wait (router, offer)
 
 
 class FrontendService(GatewayService):
@@ -73,6 +83,66 @@ class FrontendService(GatewayService):
                 self.leave(iid, "moved")
             if iid not in self.links:
                 self.join(iid, e.address, e.status)
+
+    def hand_over(self, rid: str) -> router_pb2.Handover:
+        """The router asks for ``rid``, which a client re-attaches to at another frontend:
+        let it go if it waits here unattached (adopted after a restart, still running):
+        forget it without cancelling it; the other frontend claims it on the scheduler."""
+        f = self.flights.get(rid)
+        instance = self.ctl.location.get(rid) or (f.instance_id if f else "")
+        why = ("not in flight here" if f is None else
+               "a client is attached at its frontend" if f.detached_until is None else
+               "its instance is gone" if not f.done and instance not in self.links else "")
+        if f is None or why:
+            return router_pb2.Handover(request_id=rid, reason=why)
+        self.flights.pop(rid, None)
+        self.ctl.forget(rid)
+        self.log.info("request_handed_over", request_id=rid, instance=instance,
+                      tokens=len(f.spec.generated_token_ids), ended=f.done)
+        # ended with no client attached: its tokens live only here, so they go along
+        return router_pb2.Handover(request_id=rid, instance_id=instance,
+                                   ended=f.spec if f.done else None)
+
+    async def attach_any(self, owner: str, request_id: str, start_index: int) -> Flight:
+        """``attach``; a request another frontend adopted after a restart (the kernel
+        picks which frontend a client reaches) is taken over first: the router asks its
+        adopter to hand it over, this frontend claims it on the instance's scheduler
+        stream and adopts it from the offer, every token so far with it."""
+        try:
+            return self.attach(owner, request_id, start_index)
+        except GatewayError as exc:
+            if exc.code != grpc.StatusCode.NOT_FOUND:
+                raise
+            missing = exc
+        rid = scoped_id(owner, request_id)
+        h = await self.ctl.locate(rid, TAKEOVER_S)
+        if not h.instance_id or (h.instance_id not in self.links
+                                 and not h.HasField("ended")):
+            self.log.info("takeover_refused", request_id=rid, reason=h.reason)
+            raise missing
+        if h.HasField("ended"):  # nothing runs: served from what the holder kept
+            self.adopt_ended(h.instance_id, h.ended)
+            return self.attach(owner, request_id, start_index)
+        self.links[h.instance_id].claim(rid)
+        deadline = time.monotonic() + TAKEOVER_S
+        while rid not in self.flights and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)  # the scheduler's offer: adopt() makes the flight
+        self.log.info("request_taken_over", request_id=rid, instance=h.instance_id,
+                      adopted=rid in self.flights)
+        return self.attach(owner, request_id, start_index)
+
+    def adopt_ended(self, instance_id: str, spec: common_pb2.RequestSpec) -> None:
+        """A request handed over that ended unattached at its holder: every token it
+        produced, replayed to the client that re-attaches (as the holder would have)."""
+        owner, client_id = owner_of(spec.request_id, self.auth_on)
+        f = Flight(spec, request_of(spec, self.hash_unit), TokenStream(self.stream_interval),
+                   instance_id=instance_id, owner=owner, client_id=client_id,
+                   detached_until=time.monotonic() + self.reattach_grace,
+                   restored=len(spec.generated_token_ids), adopted=True)
+        f.complete = f.done = True
+        self.flights[spec.request_id] = f
+        self.log.info("request_taken_over", request_id=spec.request_id,
+                      instance=instance_id, adopted=True, ended=True)
 
     def start_links(self, iid: str) -> None:
         """Only the scheduler stream: the router watches every instance's health."""
@@ -120,9 +190,6 @@ async def serve_http(app: FastAPI, sock: socket.socket, tls: ServerTLS | None) -
 
 
 async def serve(args: argparse.Namespace) -> None:
-    if args.scheduler:
-        raise SystemExit("frontend: --scheduler: a frontend takes its instances from the "
-                         "router (give --scheduler to the router)")
     st = await gateway.setup(args, find=False)
     http_sock = (
         reuse_port_socket(args.http_host or args.host, args.http_port) if args.http_port else None
@@ -152,6 +219,7 @@ async def serve(args: argparse.Namespace) -> None:
     for link in svc.links.values():
         link.gateway_id = frontend_id
     client.on_instances = svc.on_instances  # no await since the snapshot: nothing missed
+    client.on_handover = svc.hand_over
     svc.hash_unit = (
         next(iter(st.statuses.values())).executor.block_size if st.dep.prefix_routing else None
     )
@@ -202,9 +270,45 @@ async def serve(args: argparse.Namespace) -> None:
     await rpc.serve_until_signal(server, tasks, before_stop=leave)
 
 
+# the gateway's flags a frontend has no use for (it reads no registry, registers nothing,
+# holds no Controller): each is refused by name rather than accepted and ignored
+NOT_HERE = {
+    "--scheduler": "a frontend takes its instances from the router (give --scheduler to "
+                   "the router)",
+    "--redis-url": "a frontend reads no Redis: the router follows the registry (give "
+                   "--redis-url or $REDIS_URL to the router)",
+    "--prefix": "a frontend reads no registry (give --prefix to the router)",
+    "--registry-ttl": "a frontend registers nothing in Redis",
+    "--advertise": "a frontend registers nothing in Redis (the router dials no frontend)",
+    "--min-instances": "the router waits for the instances (give --min-instances to the "
+                       "router)",
+    "--registry-poll": "a frontend reads no registry (give --registry-poll to the router)",
+    "--decision-log": "the router holds the Controller and logs its decisions (give "
+                      "--decision-log to the router)",
+}
+
+
+class NotHere(argparse.Action):
+    """A gateway flag a frontend refuses: the parser exits naming it (status 2)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: object) -> None:
+        kwargs.pop("nargs", None)
+        super().__init__(option_strings, dest, nargs="?", **kwargs)  # type: ignore[arg-type]
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: object, option_string: str | None = None) -> None:
+        parser.error(f"{option_string}: {NOT_HERE[str(option_string)]}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = gateway.build_parser()
     p.prog = "python -m sloserve.services.frontend"
+    for group in (p, *p._action_groups):  # the flags below replace the gateway's
+        group.conflict_handler = "resolve"
+    for flag in NOT_HERE:
+        p.add_argument(flag, action=NotHere, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--clock", choices=("wall",), default="wall",
+                   help="wall only: the virtual clock's conductor drives one gateway")
     p.add_argument(
         "--router",
         required=True,

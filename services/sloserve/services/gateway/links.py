@@ -51,6 +51,12 @@ class SchedulerLink:
         if self._q is not None:
             self._q.put_nowait(scheduler_pb2.SchedulerInput(cancel=request_id))
 
+    def claim(self, request_id: str) -> None:
+        """Take over a request another frontend handed over (``SchedulerInput.claim``):
+        the scheduler offers it here with its tokens (``restored``)."""
+        if self._q is not None:
+            self._q.put_nowait(scheduler_pb2.SchedulerInput(claim=request_id))
+
     def detach(self) -> None:
         """A frontend of several stopping cleanly: its requests there are left for the next
         frontend (``SchedulerInput.detach``); then the stream ends (``close``)."""

@@ -737,7 +737,7 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
                 raise BadRequest(f"starting_after: must be an integer >= -1, got {after!r}")
             start = 0 if after is None else int(after) + 1
             _, _, key = request.headers.get("authorization", "").partition(" ")
-            f = svc.attach(auth.key_id(key.strip()) if api_keys else "", rid, start)
+            f = await svc.attach_any(auth.key_id(key.strip()) if api_keys else "", rid, start)
         except GatewayError as exc:  # the id is the path's {request_id}, not the header
             return error_response(exc, {"request_id": "request_id"})
         shapes = Shapes(chat, f.client_id, svc.model, Surface(), svc.tokenizer.token_text)

@@ -486,6 +486,11 @@ class GatewayService(gateway_grpc.GatewayServicer):
                       tokens=len(f.spec.generated_token_ids))
         return f
 
+    async def attach_any(self, owner: str, request_id: str, start_index: int) -> Flight:
+        """``attach``; a frontend of several also takes the request over from the frontend
+        that adopted it (``FrontendService``)."""
+        return self.attach(owner, request_id, start_index)
+
     def on_health(self, instance_id: str, serving: bool) -> None:
         """An instance turned unhealthy (its executor is dead or hung, or its scheduler
         is unreachable) or healthy again: the controller decides; re-runs are carried
@@ -701,7 +706,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
         self, request: gateway_pb2.AttachRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[gateway_pb2.GenerateChunk]:
         try:
-            f = self.attach(self._owner(context), request.request_id, request.start_index)
+            f = await self.attach_any(self._owner(context), request.request_id,
+                                      request.start_index)
         except GatewayError as exc:
             await _abort(context, exc)
         try:

@@ -26,7 +26,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Iterable
 from typing import IO
 
@@ -45,6 +45,7 @@ from sloserve.services.proto import SERVICE_NAMES, router_grpc, router_pb2, sche
 from sloserve.services.registry import DEFAULT_POLL_S, Watch
 
 OutQueue = asyncio.Queue[router_pb2.RouterOutput | None]
+ADOPTED_KEPT = 10_000  # as the gateway's ENDED_KEPT
 
 
 class RouterService(router_grpc.RouterServicer):
@@ -57,6 +58,10 @@ class RouterService(router_grpc.RouterServicer):
         self.ctl, self.decision_log = controller, decision_log
         self.frontends: dict[str, OutQueue] = {}  # frontend id -> its stream's queue
         self.owner: dict[str, str] = {}  # request id -> the frontend that asked
+        self.handovers: dict[str, str] = {}  # request id -> the frontend re-attaching it
+        # restored requests a frontend adopted, kept after they end (one that ended with
+        # no client attached is served from its adopter's memory): request id -> frontend
+        self.adopted: OrderedDict[str, str] = OrderedDict()
         self.requests: dict[str, Request] = {}  # what the Controller sees, while placed
         self.router_id = f"router-{uuid.uuid4().hex[:8]}"
         self.addresses = dict(addresses)
@@ -182,11 +187,16 @@ class RouterService(router_grpc.RouterServicer):
         """A request on an instance that this router did not place there: a frontend's
         after a router restart, or a restored one a frontend adopted."""
         if p.instance_id not in self.links:
+            self.log.info("placed_unknown_instance", request_id=p.request_id, frontend=fid,
+                          instance=p.instance_id)
             return
         if self.ctl.location.get(p.request_id) != p.instance_id:
             self.ctl.on_placed(p.request_id, p.instance_id, p.started)
         self.owner[p.request_id] = fid
         self.requests.setdefault(p.request_id, Request(p.request_id, 0.0, 1, 1))
+        self._adopted(p.request_id, fid)
+        self.log.info("request_placed", request_id=p.request_id, frontend=fid,
+                      instance=p.instance_id, started=p.started)
 
     async def _read(self, fid: str, it: AsyncIterator[router_pb2.RouterInput], q: OutQueue) -> None:
         try:
@@ -198,6 +208,10 @@ class RouterService(router_grpc.RouterServicer):
                     self.scheduled(msg.scheduled)
                 elif kind == "placed":
                     self.placed(fid, msg.placed)
+                elif kind == "locate":
+                    self.locate(fid, msg.locate)
+                elif kind == "handed":
+                    self.handed(fid, msg.handed)
                 elif kind == "cancel":
                     if self.owner.get(msg.cancel) == fid:
                         self.ctl.on_cancel(msg.cancel, time.time())
@@ -205,8 +219,47 @@ class RouterService(router_grpc.RouterServicer):
         finally:
             q.put_nowait(None)
 
+    def locate(self, fid: str, rid: str) -> None:
+        """A client re-attaches to ``rid`` at ``fid``, which does not hold it: the frontend
+        that adopted it is asked to hand it over (``handed`` answers ``fid``)."""
+        holder = self.owner.get(rid) or self.adopted.get(rid)
+        q = self.frontends.get(holder) if holder is not None else None
+        if q is None or holder == fid:
+            self._located(fid, router_pb2.Handover(request_id=rid, reason="in flight on no "
+                                                   "other frontend"))
+            return
+        self.handovers[rid] = fid
+        q.put_nowait(router_pb2.RouterOutput(handover=[rid]))
+
+    def handed(self, fid: str, h: router_pb2.Handover) -> None:
+        """The holder's answer: handed over (the asker owns it now and claims it on its
+        scheduler stream), or not (a client is attached there, it ended)."""
+        asker = self.handovers.pop(h.request_id, None)
+        if asker is None or (self.owner.get(h.request_id)
+                             or self.adopted.get(h.request_id)) != fid:
+            return
+        if h.instance_id:
+            if h.request_id in self.owner:  # still running: the asker claims it next
+                self.owner[h.request_id] = asker
+            self._adopted(h.request_id, asker)
+        self._located(asker, h)
+        self.log.info("handover", request_id=h.request_id, src=fid, to=asker,
+                      instance=h.instance_id, reason=h.reason)
+
+    def _adopted(self, rid: str, fid: str) -> None:
+        self.adopted[rid] = fid
+        self.adopted.move_to_end(rid)
+        while len(self.adopted) > ADOPTED_KEPT:
+            self.adopted.popitem(last=False)
+
+    def _located(self, fid: str, h: router_pb2.Handover) -> None:
+        if (q := self.frontends.get(fid)) is not None:
+            q.put_nowait(router_pb2.RouterOutput(located=[h]))
+
     def _frontend_gone(self, fid: str) -> None:
         """Its clients are gone with it (its schedulers cancel its requests too)."""
+        for rid in [r for r, f in self.adopted.items() if f == fid]:
+            del self.adopted[rid]  # its memory of ended ones is gone with it
         gone = [r for r, f in self.owner.items() if f == fid]
         for rid in gone:
             self.ctl.on_cancel(rid, time.time())

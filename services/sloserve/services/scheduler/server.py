@@ -326,6 +326,25 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.unclaimed.update(mine)
         self.log.info("frontend_detached", frontend=frontend, requests=len(mine))
 
+    def claim(self, frontend: str, rid: str, q: OutQueue) -> None:
+        """``frontend`` takes over ``rid`` (a client re-attaches there; the frontend that
+        adopted it handed it over, through the router): its owner from now on, offered it
+        first with every token so far, so its next tokens follow them on the same stream."""
+        live = {spec.request_id: (spec, tokens) for spec, tokens in self.live_requests()}
+        if rid not in live:
+            self.log.info("claim_unknown", request_id=rid, frontend=frontend)
+            return
+        spec, tokens = live[rid]
+        self.streams.owner[rid] = frontend
+        msg = common_pb2.RequestSpec()
+        msg.CopyFrom(spec)
+        del msg.generated_token_ids[:]
+        msg.generated_token_ids.extend(tokens)
+        out = self.output()
+        out.restored.append(msg)
+        self._put(q, out)
+        self.log.info("request_claimed", request_id=rid, frontend=frontend, tokens=len(tokens))
+
     def _hello(self, hello: scheduler_pb2.Hello) -> None:
         """Resume what the gateway lists; offer it the restored requests it does not (first
         on its stream, so their tokens never precede them); cancel the rest. One frontend
@@ -406,6 +425,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                     self.cancel(msg.cancel)
                 elif kind == "detach" and frontend:
                     self.detach(frontend)
+                elif kind == "claim" and frontend:
+                    self.claim(frontend, msg.claim, q)
         finally:
             q.put_nowait(None)
 
