@@ -399,7 +399,8 @@ class GatewayService(gateway_grpc.GatewayServicer):
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
         if instance_id not in self.links:
             return  # it left the deployment; its requests run elsewhere
-        got = time.time()  # every token of this message reached the gateway now
+        got = time.time()  # every token of this message reached the gateway now (less
+        # what the scheduler held it for: TokenEvent.held_s)
         now = out.time or got
         self.heard_from.add(instance_id)
         for spec in out.restored:
@@ -410,7 +411,7 @@ class GatewayService(gateway_grpc.GatewayServicer):
             if f is None or ev.index != len(f.spec.generated_token_ids):
                 continue  # stale, or a duplicate replayed after a scheduler restart
             f.spec.generated_token_ids.append(ev.token_id)
-            f.events.push(ev, got)
+            f.events.push(ev, got - ev.held_s)  # held at the scheduler: when it was due
             f.done = f.done or ev.finished
             fresh.append(ev)
         self.ctl.on_tokens(fresh)
