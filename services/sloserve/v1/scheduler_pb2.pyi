@@ -380,6 +380,7 @@ class SchedulerStatus(_message.Message):
     scheduler's every token and state report (the virtual-clock conductor waits for it).
     """
     outputs_held: _builtins.int
+    """messages held while a plan hops (HOLD_S) plus tokens held for --stream-interval"""
     deployment: _builtins.str
     """The resolved Deployment this scheduler runs, as JSON (sloserve.deployment): policy
     and config, instances and roles, model, KV, prefix caching, admission, overlap,

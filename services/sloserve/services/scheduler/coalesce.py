@@ -3,13 +3,15 @@
 A frontend pays a fixed CPU cost per message it receives (gRPC receive, parse, one pass
 of its loop), so one message per iteration per instance costs it per iteration, not per
 token. With ``--stream-interval N`` (vLLM's ``stream_interval``, which the frontends apply
-to their clients) a frontend's tokens are held here and leave together every ``N``
-iterations: a client that is sent tokens every ``N`` of them loses nothing it would have
-had sooner. What may change a decision or end a stream never waits: a first token, a last
-token, an offload or a drop leaves at once (with the held tokens of the same request, in
-order; the other requests' stay held), and so does a state report the Controller could read
-something new in (``urgent``). Every token keeps its own time: ``TokenEvent.held_s`` says
-how long it waited here, and the frontend stamps it as if it had come at once.
+to their clients) a frontend's tokens are held here and leave together after ``N``
+iterations. What may change a decision or end a stream never waits: a first token, a last
+token, an offload or a drop leaves at once, with everything held for that frontend (in
+order; the count starts again), and so does a state report the Controller could read
+something new in (``urgent``). A token in the middle of a stream thus reaches its client at
+most ``2N - 1`` iterations after it was made (the frontend sends a stream's tokens every
+``N`` of them; vLLM's bound is ``N - 1``). Every token keeps its own time:
+``TokenEvent.held_s`` says how long it waited here, and the frontend stamps it as if it had
+come at once.
 """
 
 from __future__ import annotations
@@ -63,21 +65,16 @@ class Coalescer:
         if out.tokens:
             h.iterations += 1
             h.tokens.extend((t, now) for t in out.tokens)
-        if urgent or out.restored or h.iterations >= self.interval:
-            return self._send(h, out, now, None)
-        due = {t.request_id for t in out.tokens if t.index == 0 or t.finished}
-        due.update(out.offloaded)
-        due.update(d.request_id for d in out.dropped)
-        return self._send(h, out, now, due) if due else None
+        if (urgent or out.restored or out.offloaded or out.dropped
+                or h.iterations >= self.interval
+                or any(t.index == 0 or t.finished for t in out.tokens)):
+            return self._send(h, out, now)
+        return None
 
-    def _send(self, h: _Held, out: Out, now: float, due: set[str] | None) -> Out:
-        """The message of ``due``'s held tokens (None: all of them, which restarts the
-        count) with ``out``'s offloads, drops, restored requests and the latest state."""
-        if due is None:
-            go, h.tokens, h.iterations = h.tokens, [], 0
-        else:
-            go = [p for p in h.tokens if p[0].request_id in due]
-            h.tokens = [p for p in h.tokens if p[0].request_id not in due]
+    def _send(self, h: _Held, out: Out, now: float) -> Out:
+        """Every held token (the count starts again) with ``out``'s offloads, drops,
+        restored requests and the latest state."""
+        go, h.tokens, h.iterations = h.tokens, [], 0
         msg = Out(time=out.time, offloaded=out.offloaded, dropped=out.dropped,
                   restored=out.restored, tokens=[t for t, _ in go])
         for ev, (_, at) in zip(msg.tokens, go):
@@ -91,5 +88,5 @@ class Coalescer:
         """Every destination's held tokens, stamped ``at`` (the scheduler's clock): the
         loop goes idle or stops."""
         now = time.perf_counter()
-        return [(dest, self._send(h, Out(time=at), now, None))
+        return [(dest, self._send(h, Out(time=at), now))
                 for dest, h in self._held.items() if h.tokens]

@@ -486,7 +486,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
             admission=admission_flags.to_json(self.admission),
-            output_seq=self.output_seq, outputs_held=len(self._held),
+            output_seq=self.output_seq,
+            outputs_held=len(self._held) + self.coalescer.held_tokens(),
             deployment="" if self.deployment is None else self.deployment.to_json(),
         )
 
