@@ -67,6 +67,7 @@ def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
         policy=args.policy,
         instances=args.instances,
         frontends=frontends,
+        stream_interval=args.stream_interval,
         gateway_port=free_port(),
         http_port=free_port(),
         metrics=True,
@@ -124,6 +125,7 @@ def one_run(frontends: int, args: argparse.Namespace) -> dict[str, object]:
         "per_frontend_cpu_s": {n: round(after[n] - before[n], 3) for n in names},
         "router_us_per_request": round(1e6 * (r1 - r0) / args.requests, 1) if router_pid else None,
         "requests_by_frontend": counts,
+        "stream_interval": args.stream_interval,
         "load_1m": os.getloadavg()[0],
     }
 
@@ -136,6 +138,13 @@ def main() -> None:
     p.add_argument("--connections", type=int, default=32)
     p.add_argument("--instances", type=int, default=2)
     p.add_argument("--policy", default="sarathi")
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=1,
+        help="the stack's --stream-interval (vLLM's stream_interval): the frontends' and the "
+        "schedulers' (scheduler.coalesce)",
+    )
     p.add_argument(
         "--idle-s",
         type=float,

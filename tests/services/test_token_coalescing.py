@@ -7,14 +7,17 @@ the OpenAI API get."""
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import httpx
 import pytest
 
-from sloserve.client import Client
-from sloserve.services.proto import gateway_grpc, gateway_pb2
+from sloserve.client import Chunk, Client
+from sloserve.services.drills.openai_burst import expected_text
+from sloserve.services.proto import gateway_grpc, gateway_pb2, scheduler_grpc, scheduler_pb2
 from sloserve.services.stack import Stack
 from sloserve.services.store import free_port
 
@@ -71,3 +74,39 @@ def test_a_one_token_caller_and_the_openai_api_get_the_same_tokens(stack: Stack)
     assert ids == [c.token_id for c in sdk]
     assert "".join(e["choices"][0]["text"] for e in events) == "".join(c.text for c in sdk)
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_a_scheduler_sends_a_frontend_one_message_per_interval_each_token_timed(
+    start_stack: Callable[..., Stack],
+) -> None:
+    """``--stream-interval 8`` reaches the scheduler (``scheduler/coalesce.py``): it puts
+    far fewer messages on the gateway's stream than it runs iterations, every stream stays
+    exact, and each token is stamped when it was due, not when its message left (a held
+    token's wait, ``held_s``, is taken off): its lag behind its making stays under one
+    iteration, where the hold alone would add up to seven."""
+    k, n = 8, 96
+    stack = start_stack(stream_interval=k, instances=1, http_port=free_port())
+    ids = [f"held-{i}" for i in range(4)]
+
+    def one(rid: str) -> list[Chunk]:
+        with Client(stack.gateway) as client:
+            return list(client.generate(prompt_token_ids=[65] * 16, max_tokens=n,
+                                        request_id=rid, ignore_eos=True))
+
+    with ThreadPoolExecutor(len(ids)) as pool:
+        streams = dict(zip(ids, pool.map(one, ids)))
+    for rid, chunks in streams.items():
+        assert [c.index for c in chunks] == list(range(n))
+        assert "".join(c.text for c in chunks) == expected_text(rid, n)
+        assert chunks[-1].finish_reason == "length"
+    (sched,) = [s for name, s in stack.services.items() if name.startswith("scheduler-")]
+    with grpc.insecure_channel(sched.address) as ch:
+        st = scheduler_grpc.SchedulerStub(ch).Status(
+            scheduler_pb2.StatusRequest(), metadata=stack.internal_metadata, timeout=10)
+    assert st.iterations >= n and st.outputs_held == 0
+    assert st.output_seq < st.iterations / 3  # ~1 message per 8 iterations, + firsts/lasts
+    gaps = [b.produced_time - a.produced_time for c in streams.values()
+            for a, b in zip(c, c[1:]) if b.produced_time > a.produced_time]
+    iteration = statistics.median(gaps)
+    lags = [c.time - c.produced_time for cs in streams.values() for c in cs[1:-1]]
+    assert statistics.median(lags) < iteration, (statistics.median(lags), iteration)

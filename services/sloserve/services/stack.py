@@ -119,7 +119,8 @@ class StackConfig(Deployment):
     key_limits: KeyLimits = KeyLimits()  # the gateway's per-key limits (issue 36, item 7)
     http_port: int = 0  # the gateway's OpenAI-compatible HTTP API (0: off; `up`: 8000)
     tool_call_parser: str = ""  # the gateway's vLLM tool parser (tool_choice auto)
-    stream_interval: int = 1  # the gateway's --stream-interval (vLLM's stream_interval)
+    # the gateway's and the schedulers' --stream-interval (vLLM's stream_interval)
+    stream_interval: int = 1
     metrics: bool = False  # every service serves /metrics on a free port (`up`: on)
     log_level: str | None = None  # every service's; None: $SLOSERVE_LOG_LEVEL, else info
     # transport security (issue 34, ``tls.py``): the gateway's public certificate and key,
@@ -292,6 +293,8 @@ class Stack:
                 "--clock", c.clock, "--coefficients-wait", str(c.coefficients_wait),
                 "--perf-model", c.perf_model, *wait,
                 "--prefix-caching" if c.prefix_caching else "--no-prefix-caching",
+                *(["--stream-interval", str(c.stream_interval)]
+                  if c.stream_interval != 1 else []),
                 *admission_flags.to_argv(c.admission),
                 *self._decision_log(f"scheduler-{iid}"), *common), f"{h}:{ps}", "scheduler")
             scheds += ["--scheduler", f"{iid}={h}:{ps}"]

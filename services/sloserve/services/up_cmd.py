@@ -80,7 +80,9 @@ def add_parser(subparsers: Any) -> None:
                         "(SmolLM2: hermes; default: none, auto is refused)")
     p.add_argument("--stream-interval", type=AT_LEAST_1, default=1, metavar="N",
                    help="vLLM's stream_interval: after its first token, a stream's tokens leave "
-                        "every N tokens (and at its end) in one message; each keeps its time")
+                        "every N tokens (and at its end) in one message, and each scheduler "
+                        "sends a frontend its tokens every N iterations (a first or last token "
+                        "at once); each keeps its time (default 1, vLLM's)")
     p.add_argument("--log-level", default=None, choices=("debug", "info", "warning", "error"),
                    help="every service's log level (default $SLOSERVE_LOG_LEVEL, else info)")
     p.add_argument("--redis-url", default=None, type=redis_url,

@@ -116,6 +116,7 @@ class TokenEvent(_message.Message):
     QUEUE_TIME_FIELD_NUMBER: _builtins.int
     PREFILL_TIME_FIELD_NUMBER: _builtins.int
     LOGPROBS_FIELD_NUMBER: _builtins.int
+    HELD_S_FIELD_NUMBER: _builtins.int
     request_id: _builtins.str
     index: _builtins.int
     """0 = first output token; duplicates after a restart are dropped"""
@@ -131,6 +132,11 @@ class TokenEvent(_message.Message):
     this token, on the scheduler's clock
     """
     prefill_time: _builtins.float
+    held_s: _builtins.float
+    """seconds this token waited at its scheduler for its message (--stream-interval
+    coalescing, scheduler/coalesce.py): the gateway stamps it that long before its message
+    came, as if it had come at once; 0 when it left with its own iteration's message
+    """
     @_builtins.property
     def logprobs(self) -> _common_pb2.TokenLogprobs:
         """the executor's, when Sampling.logprobs is set"""
@@ -147,10 +153,11 @@ class TokenEvent(_message.Message):
         queue_time: _builtins.float = ...,
         prefill_time: _builtins.float = ...,
         logprobs: _common_pb2.TokenLogprobs | None = ...,
+        held_s: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["logprobs", b"logprobs"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "index", b"index", "logprobs", b"logprobs", "prefill_time", b"prefill_time", "queue_time", b"queue_time", "request_id", b"request_id", "stopped", b"stopped", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["finished", b"finished", "held_s", b"held_s", "index", b"index", "logprobs", b"logprobs", "prefill_time", b"prefill_time", "queue_time", b"queue_time", "request_id", b"request_id", "stopped", b"stopped", "time", b"time", "token_id", b"token_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -389,6 +396,7 @@ class SchedulerStatus(_message.Message):
     scheduler's every token and state report (the virtual-clock conductor waits for it).
     """
     outputs_held: _builtins.int
+    """messages held while a plan hops (HOLD_S) plus tokens held for --stream-interval"""
     deployment: _builtins.str
     """The resolved Deployment this scheduler runs, as JSON (sloserve.deployment): policy
     and config, instances and roles, model, KV, prefix caching, admission, overlap,

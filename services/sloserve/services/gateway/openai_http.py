@@ -51,6 +51,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sloserve.admission import RETRY_AFTER_S
 from sloserve.services import auth
@@ -564,6 +565,25 @@ def sloserve_version() -> str:
 
 
 # --- the app ----------------------------------------------------------------------------
+class RequireKey:
+    """``/v1/`` answers only a valid API key. Plain ASGI: Starlette's ``@app.middleware``
+    (``BaseHTTPMiddleware``) passes every streamed event through a task and a memory
+    stream, a cost per SSE event (issue 33, item 3)."""
+
+    def __init__(self, app: ASGIApp, authorized: Callable[[Request], bool]) -> None:
+        self.app, self.authorized = app, authorized
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (scope["type"] == "http" and scope["path"].startswith("/v1/")
+                and not self.authorized(Request(scope))):
+            answer = error_response(BadRequest(
+                "authorization: a valid API key is required (Authorization: Bearer <key>)",
+                grpc.StatusCode.UNAUTHENTICATED, "invalid_api_key"))
+            await answer(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> FastAPI:
     app = FastAPI(title="sloserve", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -592,14 +612,8 @@ def build_app(svc: GatewayService, api_keys: frozenset[str] = frozenset()) -> Fa
                                        "type": "server_error", "param": None,
                                        "code": "internal_error"}}, status_code=500)
 
-    @app.middleware("http")
-    async def require_key(request: Request, call_next: Callable[[Request], Any]) -> Response:
-        if request.url.path.startswith("/v1/") and not authorized(request):
-            return error_response(BadRequest(
-                "authorization: a valid API key is required (Authorization: Bearer <key>)",
-                grpc.StatusCode.UNAUTHENTICATED, "invalid_api_key"))
-        response: Response = await call_next(request)
-        return response
+    if api_keys:
+        app.add_middleware(RequireKey, authorized=authorized)
 
     @app.get("/health")
     async def health() -> Response:
@@ -881,6 +895,45 @@ async def _events(shapes: Shapes, choices: list[Choice],
                   with_ids: bool = False) -> AsyncIterator[bytes]:
     """The SSE stream of every choice: one event per :class:`Delta` (the tokens that left
     together) as they come, interleaved across choices."""
+    deltas = _one(choices[0], firsts[0]) if len(choices) == 1 else _merged(choices, firsts)
+    try:
+        if shapes.chat:
+            for c in choices:
+                yield _sse(shapes.chunk("", None, usage_too, role=True, index=c.index))
+        async for c, item in deltas:
+            if isinstance(item, GatewayError):
+                yield _sse(error_body(item))
+            elif (event := _event(shapes, c, item, usage_too, continuous,
+                                  with_ids)) is not None:
+                yield event
+        if usage_too:
+            yield _sse(shapes.usage_chunk(_usage(
+                sum(c.prompt_tokens for c in choices[::shapes.surface.n]),
+                sum(c.n_tokens for c in choices))))
+        yield b"data: [DONE]\n\n"
+    finally:
+        await deltas.aclose()
+        await close_all(choices)
+
+
+Item = tuple[Choice, Delta | GatewayError]
+
+
+async def _one(c: Choice, first: Delta) -> AsyncGenerator[Item, None]:
+    """The one choice's deltas as they come (no task or queue between it and the client:
+    a hop per SSE event, issue 33, item 3); its drop last."""
+    try:
+        chunk: Delta | None = first
+        while chunk is not None:
+            yield c, chunk
+            chunk = None if chunk.finish_reason else await anext(c.chunks, None)
+    except GatewayError as exc:
+        yield c, exc
+
+
+async def _merged(choices: list[Choice], firsts: list[Delta]) -> AsyncGenerator[Item, None]:
+    """Several choices' deltas (``n`` > 1, several prompts) interleaved as they come: a
+    task per choice into one queue; each one's drop after its deltas."""
     queue: asyncio.Queue[tuple[Choice, Delta | GatewayError | None]] = asyncio.Queue()
 
     async def pump(c: Choice, first: Delta) -> None:
@@ -896,28 +949,16 @@ async def _events(shapes: Shapes, choices: list[Choice],
 
     tasks = [asyncio.ensure_future(pump(c, f)) for c, f in zip(choices, firsts)]
     try:
-        if shapes.chat:
-            for c in choices:
-                yield _sse(shapes.chunk("", None, usage_too, role=True, index=c.index))
         left = len(choices)
         while left:
             c, item = await queue.get()
             if item is None:
                 left -= 1
-            elif isinstance(item, GatewayError):
-                yield _sse(error_body(item))
-            elif (event := _event(shapes, c, item, usage_too, continuous,
-                                  with_ids)) is not None:
-                yield event
-        if usage_too:
-            yield _sse(shapes.usage_chunk(_usage(
-                sum(c.prompt_tokens for c in choices[::shapes.surface.n]),
-                sum(c.n_tokens for c in choices))))
-        yield b"data: [DONE]\n\n"
+            else:
+                yield c, item
     finally:
         for t in tasks:
             t.cancel()
-        await close_all(choices)
 
 
 class _Server(uvicorn.Server):

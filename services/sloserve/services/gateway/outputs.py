@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import structlog
+from prometheus_client import Counter, Histogram
 
 from sloserve.services import metrics
 from sloserve.services.proto import common_pb2, scheduler_pb2
@@ -62,7 +63,8 @@ class Timeline:
         """Tokens that reached the gateway at ``times`` from instance ``engine`` (``first``
         is the earliest of them): one ITL/TPOT sample per gap, as if they left one by one;
         a request's first token carries its queue and prefill time on that instance
-        (issue 35, item 3). The labelled children are looked up once per call."""
+        (issue 35, item 3). The labelled children are looked up once per instance, the
+        gaps observed in one go (``metrics.observe_all``)."""
         m, self.engine = self.model, engine
         prev = self.token_times[-1] if self.token_times else None
         if prev is None:
@@ -75,14 +77,12 @@ class Timeline:
             gaps = times[1:]
         else:
             gaps = times
+        itl, tpot, gen = _children(m, engine)
         if gaps:
-            itl, tpot = metrics.ITL.labels(m, engine), metrics.TPOT.labels(m, engine)
-            for t in gaps:
-                itl.observe(t - prev)
-                tpot.observe(t - prev)
-                prev = t
+            diffs = [t - p for t, p in zip(gaps, [prev, *gaps[:-1]])]
+            metrics.observe_all((itl, tpot), diffs)
         self.token_times.extend(times)
-        metrics.GENERATION_TOKENS.labels(m, engine).inc(len(times))
+        gen.inc(len(times))
 
     @property
     def ttft(self) -> float | None:
@@ -137,6 +137,20 @@ class Timeline:
                  ttft_slo_s=spec.ttft_slo if spec.HasField("ttft_slo") else None,
                  tbt_slo_s=spec.tbt_slo if spec.HasField("tbt_slo") else None,
                  priority=spec.priority, **({"drop_reason": drop_reason} if drop_reason else {}))
+
+
+_Children = tuple[Histogram, Histogram, Counter]
+_CHILDREN: dict[tuple[str, str], _Children] = {}
+
+
+def _children(model: str, engine: str) -> _Children:
+    """ITL, TPOT and generation tokens labelled (``model``, ``engine``), looked up once."""
+    c = _CHILDREN.get((model, engine))
+    if c is None:
+        c = _CHILDREN[model, engine] = (metrics.ITL.labels(model, engine),
+                                        metrics.TPOT.labels(model, engine),
+                                        metrics.GENERATION_TOKENS.labels(model, engine))
+    return c
 
 
 def _r(x: float | None) -> float | None:

@@ -49,7 +49,12 @@ from sloserve.services.gateway.links import SchedulerLink
 from sloserve.services.gateway.outputs import StopStrings, Timeline
 from sloserve.services.gateway.placement import Placement
 from sloserve.services.gateway.stream import Ended, TokenStream
-from sloserve.services.gateway.tokenizer import ByteTokenizer, ModelTokenizer, make_tokenizer
+from sloserve.services.gateway.tokenizer import (
+    ByteTokenizer,
+    Detokenizer,
+    ModelTokenizer,
+    make_tokenizer,
+)
 from sloserve.services.gateway.validate import (
     InputLimits,
     InvalidInput,
@@ -369,21 +374,31 @@ class GatewayService(gateway_grpc.GatewayServicer):
     def on_output(self, instance_id: str, out: scheduler_pb2.SchedulerOutput) -> None:
         if instance_id not in self.links:
             return  # it left the deployment; its requests run elsewhere
-        got = time.time()  # every token of this message reached the gateway now
+        got = time.time()  # every token of this message reached the gateway now (less
+        # what the scheduler held it for: TokenEvent.held_s)
         now = out.time or got
         self.heard_from.add(instance_id)
         for spec in out.restored:
             self.adopt(instance_id, spec)
-        fresh = []
-        for ev in out.tokens:
-            f = self._located(ev.request_id, instance_id)
-            if f is None or ev.index != len(f.spec.generated_token_ids):
-                continue  # stale, or a duplicate replayed after a scheduler restart
-            f.spec.generated_token_ids.append(ev.token_id)
-            f.events.push(ev, got)
-            f.done = f.done or ev.finished
-            fresh.append(ev)
-        self.ctl.on_tokens(fresh)
+        control = []  # first and last tokens: all the Controller reads (on_tokens)
+        flights, where = self.flights, self.ctl.location
+        for ev in out.tokens:  # per token: kept to dict lookups and appends
+            rid = ev.request_id
+            f = flights.get(rid)
+            if f is None or where.get(rid) != instance_id:
+                continue  # stale news (``_located``)
+            ids = f.spec.generated_token_ids
+            if ev.index != len(ids):
+                continue  # a duplicate replayed after a scheduler restart
+            ids.append(ev.token_id)
+            f.events.push(ev, got - ev.held_s)  # held at the scheduler: when it was due
+            if ev.finished:
+                f.done = True
+                control.append(ev)
+            elif ev.index == 0:
+                control.append(ev)
+        if control:
+            self.ctl.on_tokens(control)
         if out.offloaded or out.dropped:
             offloaded = [f.req for r in out.offloaded if (f := self._located(r, instance_id))]
             dropped = [f.req for d in out.dropped
@@ -597,23 +612,21 @@ class GatewayService(gateway_grpc.GatewayServicer):
                         metrics.DROPS.labels(self.model, metrics.drop_label(why)).inc()
                         raise GatewayError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                            f"request {rid}: {why}") from None
-                d = Delta(-1, [], [], [], [], "", f.instance_id, spec.num_offloads)
-                last, lead = False, None
-                for ev, t in zip(events, times):
-                    sched_done = ev.finished
-                    text, hit = stops.push(detok.push(ev.token_id), ev.finished)
-                    last = ev.finished or hit
+                if not stops.stops and events[0].index >= start:  # the common case
+                    d: Delta | None = _delta(events, times, detok, f.instance_id,
+                                             spec.num_offloads)
+                    last = sched_done = events[-1].finished
                     if last:
-                        reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
-                    if ev.index >= start:  # else the client has it
-                        lead = ev if lead is None else lead
-                        d.add(ev, text, t)
-                    if last:
-                        break
-                if lead is not None:
+                        reason = _finish_reason(events[-1], spec, self.eos_ids)
+                else:
+                    d, last, reason, sched_done = self._group(
+                        f, events, times, detok, stops, start, reason)
+                if d is not None:
                     if not f.adopted:  # a restored one's TTFT and gaps span the restart
-                        timeline.tokens(d.times, f.instance_id, lead)
-                    d.index, d.finish_reason = lead.index, reason if last else ""
+                        # (the Delta's first token: indices run on without a gap)
+                        timeline.tokens(d.times, f.instance_id,
+                                        events[d.index - events[0].index])
+                    d.finish_reason = reason if last else ""
                     yield d
                 if last:
                     return
@@ -627,6 +640,29 @@ class GatewayService(gateway_grpc.GatewayServicer):
                               **({"drop_reason": why} if why else {}))
             else:
                 timeline.finish(self.log, spec, where, st.policy if st else "", reason, why)
+
+    def _group(self, f: Flight, events: list[scheduler_pb2.TokenEvent], times: list[float],
+               detok: Detokenizer, stops: StopStrings, start: int, reason: str,
+               ) -> tuple[Delta | None, bool, str, bool]:
+        """``events`` token by token, through the stop strings, from token ``start`` (the
+        client has those before): (their Delta, None when nothing is for the client; the
+        stream's last; its finish reason; whether the scheduler finished it)."""
+        spec = f.spec
+        d = Delta(-1, [], [], [], [], "", f.instance_id, spec.num_offloads)
+        last, sched_done = False, False
+        for ev, t in zip(events, times):
+            sched_done = ev.finished
+            text, hit = stops.push(detok.push(ev.token_id), ev.finished)
+            last = ev.finished or hit
+            if last:
+                reason = "stop" if hit else _finish_reason(ev, spec, self.eos_ids)
+            if ev.index >= start:  # else the client has it
+                if d.index < 0:
+                    d.index = ev.index
+                d.add(ev, text, t)
+            if last:
+                break
+        return (d if d.index >= 0 else None), last, reason, sched_done
 
     def release(self, f: Flight, cancel: bool) -> str:
         """Forget ``f``; ``cancel``: its instance still runs it (client gone, cancelled, a
@@ -770,6 +806,18 @@ def _single_chunks(f: Flight, d: Delta) -> list[gateway_pb2.GenerateChunk]:
         finish_reason=d.finish_reason if i == n - 1 else "", instance_id=d.instance_id,
         num_offloads=d.num_offloads, produced_time=d.produced_times[i],
         logprobs=d.logprobs[i]) for i in range(n)]
+
+
+def _delta(events: list[scheduler_pb2.TokenEvent], times: list[float], detok: Detokenizer,
+           instance_id: str, num_offloads: int) -> Delta:
+    """``events`` (received at ``times``) as one :class:`Delta`, built a list at a time (no
+    stop strings, none before the client's start: per-token work is a streamed token's
+    cost, issue 33, item 3)."""
+    push = detok.push
+    return Delta(events[0].index, [ev.token_id for ev in events],
+                 [push(ev.token_id) for ev in events], times, [ev.time for ev in events], "",
+                 instance_id, num_offloads,
+                 [ev.logprobs if ev.HasField("logprobs") else None for ev in events])
 
 
 def _multi_chunk(f: Flight, d: Delta) -> gateway_pb2.GenerateChunk:

@@ -32,7 +32,7 @@ class Ended(Exception):
 class TokenStream:
     """Tokens in (``push``), batches out (``take``); ``close`` ends it early."""
 
-    __slots__ = ("interval", "_events", "_times", "_ended", "_end", "_waiter", "_sent")
+    __slots__ = ("interval", "_events", "_times", "_ended", "_end", "_waiter", "_sent", "_last")
 
     def __init__(self, interval: int = 1) -> None:
         if interval < 1:
@@ -43,9 +43,14 @@ class TokenStream:
         self._ended, self._end = False, None  # type: bool, End
         self._waiter: asyncio.Future[None] | None = None
         self._sent = 0  # tokens taken so far
+        self._last = 0.0  # the latest token's time: none is stamped before it
 
     def push(self, ev: TokenEvent, t: float) -> None:
-        """Token ``ev`` arrived at ``t``."""
+        """Token ``ev`` arrived at ``t`` (a token held at its scheduler is stamped when it
+        was due, ``TokenEvent.held_s``: never before the one it follows)."""
+        if t < self._last:
+            t = self._last
+        self._last = t
         self._events.append(ev)
         self._times.append(t)
         if self._waiter is not None and self._due():

@@ -209,7 +209,7 @@ async def _park(svc: SchedulerService, out: scheduler_pb2.SchedulerOutput, now: 
     the empty plan's timer (``svc.wake_at``) is due."""
     svc.unhold()
     out.state.CopyFrom(state_to_proto(svc.instance, now))
-    svc.send(out)
+    svc.send(out, urgent=True)  # nothing held waits for an idle loop
     svc.store.kick(time.perf_counter(), interval=0.0)
     svc.wake.clear()
     svc.waiting_for_wake = True
@@ -318,5 +318,6 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
     finally:
         svc.unhold()
         _flush(svc, report)  # tokens the executor made before it was lost are real
+        svc.send(svc.output(), urgent=True)  # and none stays held
         if flight is not None:
             driver.rollback(flight.flight, svc.specs)

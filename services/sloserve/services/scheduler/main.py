@@ -75,7 +75,8 @@ async def serve(args: argparse.Namespace) -> None:
     overlap = os.environ.get("SLOSERVE_OVERLAP", "1") != "0" if dep.overlap is None \
         else dep.overlap
     svc = SchedulerService(instance, store, dep.policy, desc, clock, log,
-                           admission, hang, overlap=overlap, deployment=dep)
+                           admission, hang, overlap=overlap, deployment=dep,
+                           stream_interval=args.stream_interval)
     store.live, store.outage.log = svc.live_requests, svc.log
 
     def apply(c: Published) -> None:
@@ -160,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(no deadline with --clock virtual: results wait for the conductor)")
     p.add_argument("--hang-slack", type=float, default=HANG_SLACK_S,
                    help="seconds added to every batch's hang deadline")
+    p.add_argument("--stream-interval", type=number(int, 1, strict=False), default=1, metavar="N",
+                   help="the frontends' --stream-interval (vLLM's stream_interval): a "
+                        "frontend's tokens leave here together every N iterations, a first "
+                        "or last token, an offload or a drop at once (scheduler.coalesce)")
     # the Deployment: handed whole (--deployment / $SLOSERVE_DEPLOYMENT), each flag overrides;
     # --tbt-slo is the gateway's, whose token budget and slack's tail_tbt follow from it;
     # --overlap unset: on (SGLang's choice; $SLOSERVE_OVERLAP=0 turns it off; always off

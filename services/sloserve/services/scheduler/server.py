@@ -50,6 +50,7 @@ from sloserve.services.proto import (
     scheduler_pb2,
 )
 from sloserve.services.scheduler.clock import Clock
+from sloserve.services.scheduler.coalesce import Coalescer
 from sloserve.services.scheduler.state import RequestStore
 from sloserve.services.scheduler.streams import OutQueue, Streams
 
@@ -63,7 +64,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         executor: executor_pb2.ExecutorDescription, clock: Clock,
         decision_log: IO[str] | None = None, admission: Admission | None = None,
         hang: HangDeadline | None = None, overlap: bool = False,
-        deployment: Deployment | None = None,
+        deployment: Deployment | None = None, stream_interval: int = 1,
     ) -> None:
         self.deployment = deployment  # the resolved Deployment it runs (Status.deployment)
         self.instance, self.store, self.policy_name, self.executor = (
@@ -82,8 +83,12 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         self.tables = TableDeltas()  # block tables the executor's stream holds (deltas)
         self.outq: asyncio.Queue[scheduler_pb2.SchedulerOutput | None] | None = None
         self.streams = Streams()  # several frontends and the router (issue 33), else empty
+        # a gateway's (frontend's) tokens held across iterations (--stream-interval)
+        self.coalescer = Coalescer(stream_interval)
+        self._told: tuple[int, bool] | None = None  # the one gateway's Controller's state
         self._held: list[scheduler_pb2.SchedulerOutput] = []  # sends held while a plan hops
         self._hold_timer: asyncio.TimerHandle | None = None
+        self._held_urgent = False  # an urgent send is among them
         self.output_seq = 0  # messages put on gateway streams (SchedulerStatus.output_seq)
         self.replayed: dict[str, int] = {}  # re-announced request -> tokens replayed (_replay)
         self.wake = asyncio.Event()
@@ -239,7 +244,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
         moved = self.instance.preempt_all()
         self.freed = []  # the executor's next stream starts empty
         await self._set_health(False)
-        self.send(self.output(state=True))
+        self.send(self.output(state=True), urgent=True)
         self.log.warning("executor_lost", reason=reason, requests=len(self.specs),
                          preempted=len(moved), predicted_s=predicted_s, deadline_s=deadline_s,
                          at=time.time())
@@ -281,6 +286,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 yield msg
         finally:
             reader.cancel()
+            self.coalescer.forget(q)
             if self.outq is q:
                 self.outq = None
 
@@ -308,6 +314,7 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
                 yield msg
         finally:
             reader.cancel()
+            self.coalescer.forget(q)
             if q in self.streams.routers:
                 self.streams.routers.remove(q)
             if self.streams.frontends.get(fid) is q:
@@ -438,18 +445,46 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             out.state.CopyFrom(state_to_proto(self.instance, now))
         return out
 
-    def send(self, out: scheduler_pb2.SchedulerOutput) -> None:
+    def send(self, out: scheduler_pb2.SchedulerOutput, urgent: bool = False) -> None:
+        """``out`` to the gateway (each frontend its part, the router its own), through
+        the ``Coalescer`` (``--stream-interval``); ``urgent``: nothing held stays held."""
         if self._hold_timer is not None:  # a plan is on its way: keep the order, send later
             self._held.append(out)
+            if urgent:
+                self._held_urgent = True
         elif self.streams.active:  # several frontends (and the router): each its own part
             if self.replayed and out.tokens:
                 self._drop_replayed(out)
             for q, part in self.streams.split(out):
-                self._put(q, part)
+                if q in self.streams.routers:
+                    self._put(q, part)
+                elif (msg := self.coalescer.offer(q, part, urgent)) is not None:
+                    self._put(q, msg)
+            if urgent:
+                self._flush_coalesced(out.time)
         elif self.outq is not None:  # none: the gateway resyncs with Hello on reconnect
             if self.replayed and out.tokens:
                 self._drop_replayed(out)
-            self._put(self.outq, out)
+            if (msg := self.coalescer.offer(self.outq, out, urgent or self._news(out))):
+                self._put(self.outq, msg)
+
+    def _news(self, out: scheduler_pb2.SchedulerOutput) -> bool:
+        """The one gateway's Controller could read something new in ``out``'s state (its
+        waiting prefills or ticket offer changed, or a request arrived: ``Streams.split``'s
+        rule for the router): it is not held."""
+        if not out.HasField("state") or self.coalescer.interval == 1:
+            return False
+        key = (out.state.num_waiting_prefills, out.state.declines_ticket)
+        if key == self._told and not self.streams.arrived:
+            return False
+        self._told, self.streams.arrived = key, False
+        return True
+
+    def _flush_coalesced(self, at: float) -> None:
+        """Every frontend's held tokens, now (idle, executor lost, stopping)."""
+        for q, msg in self.coalescer.flush_all(at):
+            if q is self.outq or q in self.streams.frontends.values():
+                self._put(q, msg)  # type: ignore[arg-type]
 
     def _put(self, q: asyncio.Queue[scheduler_pb2.SchedulerOutput | None],
              out: scheduler_pb2.SchedulerOutput) -> None:
@@ -469,8 +504,9 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             self._hold_timer.cancel()
             self._hold_timer = None
         held, self._held = self._held, []
-        for out in held:
-            self.send(out)
+        urgent, self._held_urgent = self._held_urgent, False
+        for k, out in enumerate(held):
+            self.send(out, urgent and k == len(held) - 1)
         self.store.kick(time.perf_counter())
 
     async def Status(
@@ -494,7 +530,8 @@ class SchedulerService(scheduler_grpc.SchedulerServicer):
             unhidden_p50_s=u50, unhidden_p99_s=u99, overlap=self.overlap,
             unhidden_samples_s=list(self.unhidden) if request.samples else (),
             admission=admission_flags.to_json(self.admission),
-            output_seq=self.output_seq, outputs_held=len(self._held),
+            output_seq=self.output_seq,
+            outputs_held=len(self._held) + self.coalescer.held_tokens(),
             deployment="" if self.deployment is None else self.deployment.to_json(),
         )
 
