@@ -178,11 +178,16 @@ def test_after_a_whole_stack_restart_each_restored_request_resumes_at_its_adopti
     def at_the_adopter(s: Stack, outcomes: list[Outcome], max_tokens: int) -> None:
         """Each client re-attaches at the frontend whose log says it adopted its request
         (each frontend also listens alone on its private port)."""
-        time.sleep(1.0)  # the schedulers' offers reach the frontends as they connect
-        for fe in FRONTENDS:
-            for e in events(logs / f"{fe}.log", "request_restored"):
-                assert str(e["request_id"]) not in adopter, e  # adopted once, by one
-                adopter[str(e["request_id"])] = fe
+        deadline = time.monotonic() + 30.0  # the schedulers' offers reach the frontends
+        while True:  # as they connect: read the logs until every request is adopted
+            adopter.clear()
+            for fe in FRONTENDS:
+                for e in events(logs / f"{fe}.log", "request_restored"):
+                    assert str(e["request_id"]) not in adopter, e  # adopted once, by one
+                    adopter[str(e["request_id"])] = fe
+            if len(adopter) >= len(outcomes) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         for fe in FRONTENDS:
             client = Client(s.services[fe].address)
             attach_all(client, [o for o in outcomes if adopter.get(o.request_id) == fe],

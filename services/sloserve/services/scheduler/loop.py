@@ -299,7 +299,8 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
                 _flush(svc, report)
                 report = report_k
             predicted = await _send(svc, call, plan, now)
-            if flight is None:
+            held = flight is None
+            if held:
                 # the executor idles until this plan arrives (serial, or overlap after idle):
                 # gateway traffic and the Redis flush wait HOLD_S off its hop. With a batch
                 # in flight it has work until this plan is due: a hold would only delay
@@ -308,6 +309,8 @@ async def _iterate(svc: SchedulerService, call: Any) -> None:
             if out.offloaded or out.dropped:
                 svc.send(out)  # decided with this plan
             _flush(svc, report)  # the previous batch's tokens, off the critical path
+            if not held:  # no hold to end: the Redis writer is kicked here (unhold's part)
+                svc.store.kick(time.perf_counter())
             report = None
             if flight is not None:
                 report, flight = await landed(flight), None
