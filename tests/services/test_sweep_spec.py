@@ -268,3 +268,18 @@ def test_costs_from_a_table_written_before_an_option_was_added_match_by_command(
                                          "cpu_s": float(i)}) + "\n"
                              for i, c in enumerate(cells)))
     assert longest_first(cells, table_costs(table)) == cells[::-1]
+
+
+def test_an_option_at_its_as_before_value_leaves_the_hash_and_any_other_value_changes_it(
+) -> None:
+    """``prefix_cache_outputs`` came after the checked-in tables: on (every run before it)
+    it is left out of a cell's hash, so those tables keep naming their cells; off, the cell
+    runs otherwise and is another cell."""
+    base = parse_spec(_spec()).cells
+    on = parse_spec(_spec(options={"num_requests": 50, "trace": "sharegpt",
+                                   "prefix_cache_outputs": True})).cells
+    off = parse_spec(_spec(options={"num_requests": 50, "trace": "sharegpt",
+                                    "prefix_cache_outputs": False})).cells
+    assert all(c.config["prefix_cache_outputs"] is True for c in base)  # still recorded
+    assert [c.hash for c in on] == [c.hash for c in base]
+    assert not {c.hash for c in off} & {c.hash for c in base}

@@ -38,6 +38,11 @@ CAPACITY_KEYS = ("criteria", "target", "qps_start", "rel_tol")
 # set by ``measure``, not by an axis or ``options``; ``json`` is the shell's, not the run's
 RESERVED = frozenset({"qps", "criterion", "target", "qps_start", "json", "help", "command"})
 FILE_OPTIONS = ("trace_file", "timing_profile", "overhead_profile")
+# Options added after tables were written, with the value that runs exactly as before the
+# option existed: at that value a cell's hash leaves them out, so adding an option does not
+# orphan every table's rows (`simulate --no-prefix-cache-outputs`, issue 33's multi-turn
+# line: on by default, as every run before it). Any other value is hashed as usual.
+AS_BEFORE = {"prefix_cache_outputs": True}
 REL_TOL = 0.05  # find_capacity's default bisection stop, the `capacity` command's
 
 
@@ -235,7 +240,7 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
               and isinstance(getattr(resolved, f.name), str | int | float)}
     config = dict(sorted({**filled, **given}.items()))
     _check_trace(config, where)
-    hashed = dict(config)
+    hashed = {k: v for k, v in config.items() if k not in AS_BEFORE or v != AS_BEFORE[k]}
     for name in FILE_OPTIONS:
         if name in config:
             hashed[name] = _file_digest(config[name], where.get(name, name))
