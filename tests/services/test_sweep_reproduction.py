@@ -12,7 +12,12 @@ import pytest
 
 from sloserve.services.cli import main
 from sloserve.services.sweep.reproduction import SPECS, build, spec_rows
-from sloserve.services.sweep.spec import AS_BEFORE, SpecError, load_spec, select_cells
+from sloserve.services.sweep.spec import (
+    SpecError,
+    load_spec,
+    select_cells,
+    without_as_before,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = ROOT / "infra" / "sweeps"
@@ -36,10 +41,6 @@ def test_reproduction_doc_renders_byte_for_byte_from_the_checked_in_specs() -> N
     assert build(SWEEPS, DOCS, plots=False) == (DOCS / "reproduction.md").read_text()
 
 
-def _as_before(config: dict[str, object]) -> dict[str, object]:
-    return {k: v for k, v in config.items() if k not in AS_BEFORE or v != AS_BEFORE[k]}
-
-
 def test_every_reproduction_cell_has_its_result_in_the_checked_in_table() -> None:
     for name in SPECS.values():
         spec = load_spec(SWEEPS / name)
@@ -47,7 +48,7 @@ def test_every_reproduction_cell_has_its_result_in_the_checked_in_table() -> Non
         assert [r["cell"] for r in rows] == [c.hash for c in spec.cells]
         # a row written before an option existed lacks it: equal but for those at their
         # as-before value (AS_BEFORE), which is what that row ran
-        assert all(_as_before(r["config"]) == _as_before(c.config)
+        assert all(without_as_before(r["config"]) == without_as_before(c.config)
                    for r, c in zip(rows, spec.cells))
     assert len(load_spec(SWEEPS / SPECS["sarathi"]).cells) == 12
     assert len(load_spec(SWEEPS / SPECS["ascendra"]).cells) == 24

@@ -197,6 +197,11 @@ def _check_trace(config: Mapping[str, Any], where: Mapping[str, str]) -> None:
         _fail(where.get(key, key), problem)
 
 
+def without_as_before(config: Mapping[str, Any]) -> dict[str, Any]:
+    """``config`` less the options at their ``AS_BEFORE`` value (what a cell's hash covers)."""
+    return {k: v for k, v in config.items() if k not in AS_BEFORE or v != AS_BEFORE[k]}
+
+
 def cell_hash(kind: str, config: Mapping[str, Any], rel_tol: float) -> str:
     """16 hex digits of the SHA-256 of the resolved config (file options by content)."""
     body = json.dumps({"kind": kind, "config": config, "rel_tol": rel_tol},
@@ -240,7 +245,7 @@ def _resolve(kind: str, values: dict[str, Any], where: dict[str, str],
               and isinstance(getattr(resolved, f.name), str | int | float)}
     config = dict(sorted({**filled, **given}.items()))
     _check_trace(config, where)
-    hashed = {k: v for k, v in config.items() if k not in AS_BEFORE or v != AS_BEFORE[k]}
+    hashed = without_as_before(config)
     for name in FILE_OPTIONS:
         if name in config:
             hashed[name] = _file_digest(config[name], where.get(name, name))
