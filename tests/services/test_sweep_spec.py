@@ -12,7 +12,7 @@ import pytest
 
 from sloserve.services.cli import main
 from sloserve.services.sweep.runner import longest_first, run_cell, table_costs
-from sloserve.services.sweep.spec import SpecError, load_spec, parse_spec
+from sloserve.services.sweep.spec import SpecError, cell_hash, load_spec, parse_spec
 
 
 def _spec(**over: Any) -> dict[str, Any]:
@@ -281,5 +281,9 @@ def test_an_option_at_its_as_before_value_leaves_the_hash_and_any_other_value_ch
     off = parse_spec(_spec(options={"num_requests": 50, "trace": "sharegpt",
                                     "prefix_cache_outputs": False})).cells
     assert all(c.config["prefix_cache_outputs"] is True for c in base)  # still recorded
+    # ... but hashed as a table written before the option existed hashed it: without it
+    assert [c.hash for c in base] == [
+        cell_hash(c.kind, {k: v for k, v in c.config.items() if k != "prefix_cache_outputs"},
+                  c.rel_tol) for c in base]
     assert [c.hash for c in on] == [c.hash for c in base]
     assert not {c.hash for c in off} & {c.hash for c in base}
